@@ -1,0 +1,647 @@
+"""Causal Wan: the block-causal, KV-cached Wan2.1 DiT that Self-Forcing and Matrix-Game 2.0 roll out.
+
+References (read, not copied): diffusers `WanTransformer3DModel` (blocks, weight layout, RoPE
+tables), Self-Forcing / CausVid (chunk-wise rollout over a KV cache, RoPE with a frame offset,
+local window + sink), Matrix-Game 2.0 (an action module in the first blocks: mouse through an
+MLP and temporal attention, keyboard through cross-attention), gpt-fast (the cache is a module
+with `update()`; the model file has no loop).
+
+The module tree and parameter names are diffusers' (`patch_embedding`, `condition_embedder`,
+`blocks.N.attn1.to_q`, ...), built from diffusers' own submodules, so a diffusers checkpoint's
+state dict loads key for key; the action module adds `blocks.N.action.*`.
+
+Two forwards share every block:
+
+* `forward_chunk` runs one chunk of new latent frames per session against that session's
+  `KVCache`. It writes the chunk's own K/V into the scratch slots named by `CacheSlots` and
+  attends over the slot prefix `[0, n_valid)`: committed frames plus the chunk itself. Committed
+  slots are only ever read; whether the scratch becomes history is the caller's decision.
+* `forward_dense` runs whole clips with one timestep per frame under a frame-level attention
+  mask (training, and the reference the cached path is tested against).
+
+Token layout: frame-major, ``token = frame * (h * w) + row * w + col`` after 1x2x2 patching.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.attention import FeedForward
+from diffusers.models.normalization import FP32LayerNorm
+from diffusers.models.transformers.transformer_wan import (
+    WanAttention,
+    WanAttnProcessor,
+    WanTimeTextImageEmbedding,
+)
+from torch import nn
+
+from models.actions import ActionSpace
+
+
+@dataclass
+class ActionConfig:
+    """The action module (Matrix-Game 2.0 style), present in blocks [0, blocks)."""
+
+    keys: tuple[str, ...] = ("w", "a", "s", "d")  # key names, multi-hot order
+    mouse: bool = True  # read per-frame mouse deltas
+    vector_dim: int = 0  # continuous action width (robotics); 0 = none
+    frames_per_latent: int = 4  # video frames grouped under one latent frame (VAE temporal factor)
+    blocks: int = 15  # number of leading blocks that carry an action module
+    key_dim: int = 256  # width of the keyboard cross-attention
+    motion_dim: int = 1024  # width of the mouse/vector MLP and temporal attention
+    heads: int = 16  # heads of both action attentions
+    mouse_scale: float = 1.0  # multiplies raw mouse deltas before the MLP
+    rope_theta: float = 10000.0  # RoPE base of the temporal (frame-axis) attention
+
+    @property
+    def space(self) -> ActionSpace:
+        """The client-facing action space."""
+        return ActionSpace(keys=tuple(self.keys), mouse=self.mouse, vector_dim=self.vector_dim)
+
+
+@dataclass
+class CausalWanConfig:
+    """diffusers' `WanTransformer3DModel` config plus the causal rollout settings."""
+
+    # diffusers fields (defaults: Wan2.1-T2V-1.3B)
+    patch_size: tuple[int, int, int] = (1, 2, 2)  # (t, h, w) patch; t must be 1 for frame-wise caching
+    num_attention_heads: int = 12
+    attention_head_dim: int = 128
+    in_channels: int = 16  # latent channels in
+    out_channels: int = 16  # latent channels out
+    text_dim: int = 4096  # text-encoder embedding width (UMT5-XXL)
+    freq_dim: int = 256  # sinusoidal timestep embedding width
+    ffn_dim: int = 8960
+    num_layers: int = 30
+    cross_attn_norm: bool = True
+    eps: float = 1e-6
+    rope_max_seq_len: int = 1024  # kept for config round-trips; our RoPE has no table limit
+    # causal rollout
+    chunk_frames: int = 3  # latent frames per chunk
+    window_frames: int = 21  # local attention span in latent frames, the current chunk included
+    sink_frames: int = 0  # first frames of a session kept in attention forever
+    null_text_len: int = 1  # text tokens used when a session has no prompt embedding
+    action: ActionConfig | None = None  # None: no action module
+
+    @property
+    def dim(self) -> int:
+        """Hidden width."""
+        return self.num_attention_heads * self.attention_head_dim
+
+    def diffusers_config(self) -> dict:
+        """The subset of fields `WanTransformer3DModel(**cfg)` takes."""
+        return {
+            "patch_size": list(self.patch_size),
+            "num_attention_heads": self.num_attention_heads,
+            "attention_head_dim": self.attention_head_dim,
+            "in_channels": self.in_channels,
+            "out_channels": self.out_channels,
+            "text_dim": self.text_dim,
+            "freq_dim": self.freq_dim,
+            "ffn_dim": self.ffn_dim,
+            "num_layers": self.num_layers,
+            "cross_attn_norm": self.cross_attn_norm,
+            "eps": self.eps,
+            "rope_max_seq_len": self.rope_max_seq_len,
+        }
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (round-trips through `from_dict`)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CausalWanConfig:
+        """Build from `to_dict()` output or a diffusers `config.json` (unknown keys ignored)."""
+        names = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        if "patch_size" in kwargs:
+            kwargs["patch_size"] = tuple(kwargs["patch_size"])
+        if data.get("image_dim") or data.get("added_kv_proj_dim"):
+            raise ValueError("image-embedding (I2V CLIP) Wan checkpoints are not supported yet")
+        action = kwargs.get("action")
+        if isinstance(action, dict):
+            action = dict(action)
+            action["keys"] = tuple(action.get("keys", ()))
+            kwargs["action"] = ActionConfig(**action)
+        return cls(**kwargs)
+
+
+@dataclass
+class CacheSlots:
+    """Where one session's chunk lives in its `KVCache` (computed by runtime/kv_cache.py)."""
+
+    write_index: torch.Tensor  # (n_frames * tokens_per_frame,) int64: token slots of the chunk's K/V
+    n_valid: int  # tokens attended: the slot prefix [0, n_valid), committed frames + this chunk
+    frame_offset: int  # absolute latent-frame index of the chunk's first frame (RoPE position)
+
+
+@dataclass
+class TextKV:
+    """Per-layer cross-attention K/V of one session's text conditioning (constant per session)."""
+
+    k: list[torch.Tensor] = field(default_factory=list)  # per layer (L_text, heads, head_dim)
+    v: list[torch.Tensor] = field(default_factory=list)  # per layer (L_text, heads, head_dim)
+
+
+class KVCache(nn.Module):
+    """One session's K/V for every layer, post-RoPE, in frame slots (gpt-fast `KVCache` style).
+
+    Slot layout along the token axis (frames of `tokens_per_frame` tokens each)::
+
+        [ sink frames 0..S-1 | ring of W frame slots ]
+
+    Absolute frame f < S lives in slot f; f >= S lives in slot S + (f - S) % W. The runtime's
+    `KVLayout` decides which slots a chunk writes and how long the attended prefix is.
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        capacity: int,
+        heads: int,
+        head_dim: int,
+        action_layers: int = 0,
+        action_heads: int = 1,
+        action_head_dim: int = 1,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(layers, capacity, heads, head_dim, dtype=dtype, device=device))
+        self.register_buffer("v", torch.zeros_like(self.k))
+        # The temporal action attention keeps its own K/V in the same slot layout.
+        shape = (action_layers, capacity, action_heads, action_head_dim)
+        self.register_buffer("ak", torch.zeros(shape, dtype=dtype, device=device))
+        self.register_buffer("av", torch.zeros_like(self.ak))
+
+    def update(
+        self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor, action: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write `k`, `v` (n, heads, head_dim) into token slots `index`; return the layer's buffers."""
+        kb, vb = (self.ak, self.av) if action else (self.k, self.v)
+        kb[layer].index_copy_(0, index, k.to(kb.dtype))
+        vb[layer].index_copy_(0, index, v.to(vb.dtype))
+        return kb[layer], vb[layer]
+
+    def nbytes(self) -> int:
+        """Device bytes held by this cache."""
+        return sum(b.numel() * b.element_size() for b in (self.k, self.v, self.ak, self.av))
+
+
+# --- rotary embeddings -------------------------------------------------------------------------
+
+
+def _axis_freqs(dim: int, positions: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables (n, dim) for integer positions, computed exactly as diffusers' table rows."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim))
+    freqs = torch.outer(positions.to(torch.float64), inv)  # (n, dim/2)
+    return (
+        freqs.cos().repeat_interleave(2, dim=1).float(),
+        freqs.sin().repeat_interleave(2, dim=1).float(),
+    )
+
+
+def rope_3d(
+    head_dim: int, frame_offset: int, frames: int, h: int, w: int, device: torch.device, theta: float = 1e4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wan's 3D RoPE for frames [frame_offset, frame_offset + frames): cos, sin of (frames*h*w, head_dim)."""
+    hw_dim = 2 * (head_dim // 6)
+    t_dim = head_dim - 2 * hw_dim
+    ft = _axis_freqs(t_dim, torch.arange(frame_offset, frame_offset + frames, device=device), theta)
+    fh = _axis_freqs(hw_dim, torch.arange(h, device=device), theta)
+    fw = _axis_freqs(hw_dim, torch.arange(w, device=device), theta)
+    out = []
+    for i in range(2):  # cos, then sin
+        t = ft[i].view(frames, 1, 1, -1).expand(frames, h, w, -1)
+        hh = fh[i].view(1, h, 1, -1).expand(frames, h, w, -1)
+        ww = fw[i].view(1, 1, w, -1).expand(frames, h, w, -1)
+        out.append(torch.cat([t, hh, ww], dim=-1).reshape(frames * h * w, head_dim))
+    return out[0], out[1]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of x (..., L, heads, head_dim) by tables (..., L, 1, head_dim)."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2).type_as(x)
+
+
+def frame_attention_mask(
+    chunk_sizes: Sequence[int], window_frames: int, sink_frames: int = 0, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Frame-level mask (F, F), True = may attend, matching the cached rollout exactly.
+
+    A chunk of n frames starting at frame s sees itself, the sinks [0, min(S, s)) and the most
+    recent committed non-sink frames [max(S, s - (W - n)), s).
+    """
+    total = sum(chunk_sizes)
+    mask = torch.zeros(total, total, dtype=torch.bool, device=device)
+    s = 0
+    for n in chunk_sizes:
+        if n > window_frames:
+            raise ValueError(f"chunk of {n} frames exceeds the window of {window_frames}")
+        rows = slice(s, s + n)
+        mask[rows, s : s + n] = True
+        mask[rows, : min(sink_frames, s)] = True
+        mask[rows, max(sink_frames, s - (window_frames - n)) : s] = True
+        s += n
+    return mask
+
+
+# --- attention helpers -------------------------------------------------------------------------
+
+
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """SDPA over (..., L, heads, head_dim) tensors; returns (..., Lq, heads, head_dim)."""
+    out = F.scaled_dot_product_attention(q.transpose(-3, -2), k.transpose(-3, -2), v.transpose(-3, -2), mask)
+    return out.transpose(-3, -2)
+
+
+@dataclass
+class _ChunkAttn:
+    """Per-forward attention context of `forward_chunk` (one entry per session)."""
+
+    caches: Sequence[KVCache]
+    slots: Sequence[CacheSlots]
+    tokens_per_frame: int
+
+
+@dataclass
+class _DenseAttn:
+    """Per-forward attention context of `forward_dense`."""
+
+    frame_mask: torch.Tensor  # (F, F) bool
+    tokens_per_frame: int
+    token_mask: torch.Tensor = field(init=False)  # (F*T, F*T) bool, the frame mask per token
+
+    def __post_init__(self) -> None:
+        t = self.tokens_per_frame
+        self.token_mask = self.frame_mask.repeat_interleave(t, 0).repeat_interleave(t, 1)
+
+
+# --- action module -----------------------------------------------------------------------------
+
+
+class ActionModule(nn.Module):
+    """Injects per-frame actions into hidden states (our design after Matrix-Game 2.0).
+
+    keyboard: the frame's tokens cross-attend to one token per (video frame, key), built from a
+        key embedding, a within-group frame embedding and a held/not-held term.
+    motion (mouse + vector): an MLP over [hidden token, the frame's motion values], then
+        self-attention along the frame axis at every spatial position, block-causal and cached
+        like the main attention (its K/V live in `KVCache.ak/av`).
+    """
+
+    def __init__(self, dim: int, cfg: ActionConfig, eps: float) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.n_keys = len(cfg.keys)
+        tpl = cfg.frames_per_latent
+        self.motion_width = 2 * int(cfg.mouse) + cfg.vector_dim
+        self.norm = FP32LayerNorm(dim, eps, elementwise_affine=False)
+        if self.n_keys:
+            kd = cfg.key_dim
+            self.key_embed = nn.Parameter(torch.randn(self.n_keys, kd) * 0.02)
+            self.key_frame = nn.Parameter(torch.randn(tpl, kd) * 0.02)
+            self.key_held = nn.Parameter(torch.randn(kd) * 0.02)
+            self.key_q = nn.Linear(dim, kd)
+            self.key_kv = nn.Linear(kd, 2 * kd)
+            self.key_norm_q = nn.RMSNorm(kd // cfg.heads, eps=eps)
+            self.key_norm_k = nn.RMSNorm(kd // cfg.heads, eps=eps)
+            self.key_out = nn.Linear(kd, dim)
+        if self.motion_width:
+            md = cfg.motion_dim
+            self.motion_mlp = nn.Sequential(
+                nn.Linear(dim + tpl * self.motion_width, md),
+                nn.GELU(approximate="tanh"),
+                nn.Linear(md, md),
+                nn.LayerNorm(md),
+            )
+            self.motion_qkv = nn.Linear(md, 3 * md)
+            self.motion_norm_q = nn.RMSNorm(md // cfg.heads, eps=eps)
+            self.motion_norm_k = nn.RMSNorm(md // cfg.heads, eps=eps)
+            self.motion_out = nn.Linear(md, dim)
+
+    @property
+    def motion_heads(self) -> tuple[int, int]:
+        """(heads, head_dim) of the temporal attention, for sizing the cache."""
+        return self.cfg.heads, self.cfg.motion_dim // self.cfg.heads
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        actions: torch.Tensor,
+        frame_offsets: Sequence[int],
+        layer: int,
+        attn: _ChunkAttn | _DenseAttn,
+    ) -> torch.Tensor:
+        """x (B, F*T, dim); actions (B, F, frames_per_latent, width). Returns x plus the action signal."""
+        b, n_tok, _ = x.shape
+        t = attn.tokens_per_frame
+        n = n_tok // t
+        h = self.norm(x.float()).type_as(x)
+        out = torch.zeros_like(x)
+        acts = actions.to(x.dtype)
+        if self.n_keys:
+            out = out + self._keyboard(h, acts[..., : self.n_keys], b, n, t)
+        if self.motion_width:
+            motion = acts[..., self.n_keys : self.n_keys + 2 + self.cfg.vector_dim]
+            if not self.cfg.mouse:
+                motion = motion[..., 2:]
+            elif self.cfg.mouse_scale != 1.0:
+                motion = torch.cat([motion[..., :2] * self.cfg.mouse_scale, motion[..., 2:]], dim=-1)
+            out = out + self._motion(h, motion, frame_offsets, layer, attn, b, n, t)
+        return x + out
+
+    def _keyboard(self, h: torch.Tensor, held: torch.Tensor, b: int, n: int, t: int) -> torch.Tensor:
+        heads, kd = self.cfg.heads, self.cfg.key_dim
+        tpl = held.shape[2]
+        # one token per (video frame in the group, key): (B, F, tpl, K, kd)
+        tok = self.key_embed + self.key_frame[:, None, :] + held[..., None] * self.key_held
+        tok = tok.reshape(b * n, tpl * self.n_keys, kd)
+        k, v = self.key_kv(tok).chunk(2, dim=-1)
+        q = self.key_q(h).reshape(b * n, t, heads, kd // heads)  # (B*F, T, heads, hd)
+        k = k.reshape(b * n, -1, heads, kd // heads)
+        v = v.reshape(b * n, -1, heads, kd // heads)
+        o = _sdpa(self.key_norm_q(q), self.key_norm_k(k), v)  # (B*F, T, heads, hd)
+        return self.key_out(o.reshape(b, n * t, kd))
+
+    def _motion(
+        self,
+        h: torch.Tensor,
+        motion: torch.Tensor,
+        frame_offsets: Sequence[int],
+        layer: int,
+        attn: _ChunkAttn | _DenseAttn,
+        b: int,
+        n: int,
+        t: int,
+    ) -> torch.Tensor:
+        heads, hd = self.motion_heads
+        per_frame = motion.reshape(b, n, 1, -1).expand(b, n, t, -1).reshape(b, n * t, -1)
+        m = self.motion_mlp(torch.cat([h, per_frame], dim=-1))
+        q, k, v = self.motion_qkv(m).reshape(b, n * t, 3, heads, hd).unbind(2)  # (B, F*T, heads, hd)
+        q, k = self.motion_norm_q(q), self.motion_norm_k(k)
+        outs = []
+        for i in range(b):
+            cos, sin = _axis_freqs(
+                hd, torch.arange(frame_offsets[i], frame_offsets[i] + n, device=h.device), self.cfg.rope_theta
+            )
+            cos = cos.repeat_interleave(t, 0)[:, None, :]  # (F*T, 1, hd): one position per frame
+            sin = sin.repeat_interleave(t, 0)[:, None, :]
+            qi, ki = apply_rope(q[i], cos, sin), apply_rope(k[i], cos, sin)
+            if isinstance(attn, _ChunkAttn):
+                slots = attn.slots[i]
+                kb, vb = attn.caches[i].update(layer, slots.write_index, ki, v[i], action=True)
+                fv = slots.n_valid // t
+                kk = kb[: slots.n_valid].view(fv, t, heads, hd).transpose(0, 1)  # (T, Fv, heads, hd)
+                vv = vb[: slots.n_valid].view(fv, t, heads, hd).transpose(0, 1)
+                mask = None
+            else:
+                kk = ki.view(n, t, heads, hd).transpose(0, 1)
+                vv = v[i].view(n, t, heads, hd).transpose(0, 1)
+                mask = attn.frame_mask
+            qq = qi.view(n, t, heads, hd).transpose(0, 1)  # (T, F, heads, hd): attention runs along frames
+            o = _sdpa(qq, kk, vv, mask).transpose(0, 1).reshape(n * t, heads * hd)
+            outs.append(o)
+        return self.motion_out(torch.stack(outs))
+
+
+# --- transformer block -------------------------------------------------------------------------
+
+
+class CausalWanBlock(nn.Module):
+    """A Wan2.1 block (diffusers submodules and names) whose self-attention goes through a cache."""
+
+    def __init__(self, cfg: CausalWanConfig, index: int) -> None:
+        super().__init__()
+        dim, heads = cfg.dim, cfg.num_attention_heads
+        self.heads = heads
+        self.norm1 = FP32LayerNorm(dim, cfg.eps, elementwise_affine=False)
+        self.attn1 = WanAttention(
+            dim=dim, heads=heads, dim_head=dim // heads, eps=cfg.eps, processor=WanAttnProcessor()
+        )
+        self.attn2 = WanAttention(
+            dim=dim,
+            heads=heads,
+            dim_head=dim // heads,
+            eps=cfg.eps,
+            cross_attention_dim_head=dim // heads,
+            processor=WanAttnProcessor(),
+        )
+        self.norm2 = (
+            FP32LayerNorm(dim, cfg.eps, elementwise_affine=True) if cfg.cross_attn_norm else nn.Identity()
+        )
+        self.ffn = FeedForward(dim, inner_dim=cfg.ffn_dim, activation_fn="gelu-approximate")
+        self.norm3 = FP32LayerNorm(dim, cfg.eps, elementwise_affine=False)
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+        has_action = cfg.action is not None and index < cfg.action.blocks
+        self.action = ActionModule(dim, cfg.action, cfg.eps) if has_action else None
+
+    def text_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention K/V (L_text, heads, head_dim) for projected text tokens (L_text, dim)."""
+        k = self.attn2.norm_k(self.attn2.to_k(context)).unflatten(-1, (self.heads, -1))
+        v = self.attn2.to_v(context).unflatten(-1, (self.heads, -1))
+        return k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mod: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        text: Sequence[TextKV],
+        layer: int,
+        attn: _ChunkAttn | _DenseAttn,
+        actions: torch.Tensor | None,
+        frame_offsets: Sequence[int],
+    ) -> torch.Tensor:
+        """x (B, L, dim); mod (B, L or 1, 6, dim) timestep projection; rope tables (B, L, 1, head_dim)."""
+        shift, scale, gate, c_shift, c_scale, c_gate = (self.scale_shift_table + mod.float()).unbind(2)
+
+        # 1. self-attention (block-causal, through the cache in chunk mode)
+        h = (self.norm1(x.float()) * (1 + scale) + shift).type_as(x)
+        a = self.attn1
+        q = a.norm_q(a.to_q(h)).unflatten(2, (self.heads, -1))  # (B, L, heads, hd)
+        k = a.norm_k(a.to_k(h)).unflatten(2, (self.heads, -1))
+        v = a.to_v(h).unflatten(2, (self.heads, -1))
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if isinstance(attn, _ChunkAttn):
+            outs = []
+            for i, (cache, slots) in enumerate(zip(attn.caches, attn.slots, strict=True)):
+                kb, vb = cache.update(layer, slots.write_index, k[i], v[i])
+                outs.append(_sdpa(q[i], kb[: slots.n_valid], vb[: slots.n_valid]))
+            o = torch.stack(outs)
+        else:
+            o = _sdpa(q, k, v, attn.token_mask)
+        o = a.to_out[0](o.flatten(2, 3).type_as(q))
+        x = (x.float() + o * gate).type_as(x)
+
+        # 2. cross-attention to the session's text (K/V precomputed per session)
+        h = self.norm2(x.float()).type_as(x)
+        b2 = self.attn2
+        q = b2.norm_q(b2.to_q(h)).unflatten(2, (self.heads, -1))
+        o = torch.stack([_sdpa(q[i], text[i].k[layer], text[i].v[layer]) for i in range(x.shape[0])])
+        x = x + b2.to_out[0](o.flatten(2, 3).type_as(q))
+
+        # 3. actions
+        if self.action is not None and actions is not None:
+            x = self.action(x, actions, frame_offsets, layer, attn)
+
+        # 4. feed-forward
+        h = (self.norm3(x.float()) * (1 + c_scale) + c_shift).type_as(x)
+        return (x.float() + self.ffn(h).float() * c_gate).type_as(x)
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+class CausalWan(nn.Module):
+    """The causal Wan DiT. Weight names follow diffusers' `WanTransformer3DModel`."""
+
+    def __init__(self, cfg: CausalWanConfig) -> None:
+        super().__init__()
+        if cfg.patch_size[0] != 1:
+            raise ValueError("causal rollout caches whole latent frames: patch_size[0] must be 1")
+        if cfg.chunk_frames > cfg.window_frames:
+            raise ValueError("window_frames must hold at least one chunk")
+        self.cfg = cfg
+        dim = cfg.dim
+        self.patch_embedding = nn.Conv3d(
+            cfg.in_channels, dim, kernel_size=cfg.patch_size, stride=cfg.patch_size
+        )
+        self.condition_embedder = WanTimeTextImageEmbedding(
+            dim=dim, time_freq_dim=cfg.freq_dim, time_proj_dim=dim * 6, text_embed_dim=cfg.text_dim
+        )
+        self.blocks = nn.ModuleList([CausalWanBlock(cfg, i) for i in range(cfg.num_layers)])
+        # Action modules sit in the leading blocks, so a block's index is its action-cache layer.
+        self.n_action_layers = sum(blk.action is not None for blk in self.blocks)
+        self.norm_out = FP32LayerNorm(dim, cfg.eps, elementwise_affine=False)
+        self.proj_out = nn.Linear(dim, cfg.out_channels * math.prod(cfg.patch_size))
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
+
+    # -- per-session setup ----------------------------------------------------------------------
+
+    def tokens_per_frame(self, h: int, w: int) -> int:
+        """Tokens of one latent frame of size (h, w)."""
+        return (h // self.cfg.patch_size[1]) * (w // self.cfg.patch_size[2])
+
+    def new_cache(self, h: int, w: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:
+        """An empty cache for one session at latent size (h, w): (sink + window) frames of slots."""
+        cfg = self.cfg
+        capacity = (cfg.sink_frames + cfg.window_frames) * self.tokens_per_frame(h, w)
+        has_motion = self.n_action_layers > 0 and self.blocks[0].action.motion_width > 0
+        a_heads, a_hd = self.blocks[0].action.motion_heads if has_motion else (1, 1)
+        return KVCache(
+            cfg.num_layers,
+            capacity,
+            cfg.num_attention_heads,
+            cfg.attention_head_dim,
+            self.n_action_layers if has_motion else 0,
+            a_heads,
+            a_hd,
+            dtype=dtype,
+            device=device,
+        )
+
+    def null_text(self, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+        """The text embedding of a session without a prompt: zeros (null_text_len, text_dim)."""
+        return torch.zeros(self.cfg.null_text_len, self.cfg.text_dim, device=device, dtype=dtype)
+
+    def text_kv(self, text: torch.Tensor) -> TextKV:
+        """Precompute every layer's cross-attention K/V for text embeddings (L_text, text_dim)."""
+        ctx = self.condition_embedder.text_embedder(text)
+        out = TextKV()
+        for blk in self.blocks:
+            k, v = blk.text_kv(ctx)
+            out.k.append(k)
+            out.v.append(v)
+        return out
+
+    # -- forwards -------------------------------------------------------------------------------
+
+    def _time(self, t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Timestep embedding exactly as diffusers: temb (*, dim) and its 6-way projection (*, 6, dim)."""
+        ce = self.condition_embedder
+        shape = t.shape
+        proj = ce.timesteps_proj(t.flatten())
+        emb_dtype = next(iter(ce.time_embedder.parameters())).dtype
+        temb = ce.time_embedder(proj.to(emb_dtype)).to(dtype)
+        tproj = ce.time_proj(ce.act_fn(temb))
+        return temb.unflatten(0, shape), tproj.unflatten(0, shape).unflatten(-1, (6, -1))
+
+    def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        p = self.cfg.patch_size
+        grid = (x.shape[2] // p[0], x.shape[3] // p[1], x.shape[4] // p[2])
+        return self.patch_embedding(x).flatten(2).transpose(1, 2).contiguous(), grid
+
+    def _head(self, x: torch.Tensor, temb: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+        shift, scale = (self.scale_shift_table + temb.unsqueeze(-2)).unbind(-2)
+        x = (self.norm_out(x.float()) * (1 + scale) + shift).type_as(x)
+        x = self.proj_out(x)
+        b = x.shape[0]
+        f, hh, ww = grid
+        pt, ph, pw = self.cfg.patch_size
+        x = x.reshape(b, f, hh, ww, pt, ph, pw, -1)
+        x = x.permute(0, 7, 1, 4, 2, 5, 3, 6)  # (B, C, F, pt, H, ph, W, pw)
+        return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+    def _rope(self, offsets: Sequence[int], grid: tuple[int, int, int], device: torch.device):
+        f, hh, ww = grid
+        tables = [rope_3d(self.cfg.attention_head_dim, o, f, hh, ww, device) for o in offsets]
+        cos = torch.stack([c for c, _ in tables])[:, :, None, :]  # (B, L, 1, hd)
+        sin = torch.stack([s for _, s in tables])[:, :, None, :]
+        return cos, sin
+
+    def forward_chunk(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        caches: Sequence[KVCache],
+        slots: Sequence[CacheSlots],
+        text: Sequence[TextKV],
+        actions: torch.Tensor | None = None,
+        need_output: bool = True,
+    ) -> torch.Tensor | None:
+        """One chunk per session: x (B, C, n, H, W) at timesteps t (B,) -> prediction (B, C, n, H, W).
+
+        Writes the chunk's K/V into each session's scratch slots (`slots[i].write_index`) and reads
+        slots [0, n_valid). `actions` (B, n, frames_per_latent, width) or None. With
+        `need_output=False` (the clean context pass) the output head is skipped.
+        """
+        tokens, grid = self._embed(x)
+        offsets = [s.frame_offset for s in slots]
+        rope = self._rope(offsets, grid, x.device)
+        temb, tproj = self._time(t, x.dtype)
+        mod = tproj[:, None]  # (B, 1, 6, dim)
+        attn = _ChunkAttn(caches, slots, grid[1] * grid[2])
+        for i, blk in enumerate(self.blocks):
+            tokens = blk(tokens, mod, rope, text, i, attn, actions, offsets)
+        if not need_output:
+            return None
+        return self._head(tokens, temb[:, None], grid)
+
+    def forward_dense(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        text: Sequence[TextKV],
+        frame_mask: torch.Tensor,
+        actions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Whole clips: x (B, C, F, H, W), one timestep per frame t (B, F), frame mask (F, F) bool."""
+        tokens, grid = self._embed(x)
+        tpf = grid[1] * grid[2]
+        rope = self._rope([0] * x.shape[0], grid, x.device)
+        temb, tproj = self._time(t, x.dtype)  # (B, F, dim), (B, F, 6, dim)
+        temb = temb.repeat_interleave(tpf, dim=1)
+        mod = tproj.repeat_interleave(tpf, dim=1)
+        attn = _DenseAttn(frame_mask, tpf)
+        for i, blk in enumerate(self.blocks):
+            tokens = blk(tokens, mod, rope, text, i, attn, actions, [0] * x.shape[0])
+        return self._head(tokens, temb, grid)

@@ -1,0 +1,53 @@
+"""Few-step flow-matching schedule (the DMD / Self-Forcing sampler's arithmetic, no loop).
+
+Flow matching interpolates ``x_sigma = (1 - sigma) * x0 + sigma * noise``. A step list such as
+[1000, 750, 500, 250] is warped by the timestep shift, ``sigma = shift*s / (1 + (shift-1)*s)``
+with ``s = step / 1000``, exactly as Self-Forcing indexes its shifted scheduler. Each step
+predicts x0, then re-noises it to the next sigma with fresh noise. The loop lives in
+runtime/runner.py; this module only holds the numbers and the two formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Prediction = Literal["flow", "x0"]
+
+
+@dataclass(frozen=True)
+class FlowSchedule:
+    """Which noise levels a chunk visits."""
+
+    steps: tuple[int, ...] = (1000, 750, 500, 250)  # raw step values, high to low, out of num_train
+    shift: float = 5.0  # timestep shift (Wan: 5 at 480p, 3 at lower resolutions)
+    num_train: int = 1000  # training timesteps
+    prediction: Prediction = "flow"  # "flow": model predicts noise - x0 (Wan); "x0": predicts x0
+
+    def sigma(self, step: float) -> float:
+        """Shifted noise level in [0, 1] of a raw step value."""
+        s = step / self.num_train
+        return self.shift * s / (1 + (self.shift - 1) * s)
+
+    @property
+    def sigmas(self) -> list[float]:
+        """Noise level of each step."""
+        return [self.sigma(s) for s in self.steps]
+
+    @property
+    def timesteps(self) -> list[float]:
+        """Model-input timestep of each step (sigma * num_train)."""
+        return [sg * self.num_train for sg in self.sigmas]
+
+    def to_x0(self, pred: torch.Tensor, x_t: torch.Tensor, sigma: float) -> torch.Tensor:
+        """Clean estimate from a model prediction at noise level sigma."""
+        if self.prediction == "flow":
+            return x_t - sigma * pred
+        return pred
+
+
+def add_noise(x0: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Flow-matching interpolation to noise level sigma."""
+    return (1 - sigma) * x0 + sigma * noise

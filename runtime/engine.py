@@ -1,0 +1,459 @@
+"""The engine: one device, its worlds and streams, stepped one batch at a time.
+
+`Engine` is the synchronous core (tests drive it in-process). Every call but `abort` and
+`is_aborted` belongs to the thread that steps it. `EngineThread` runs an `Engine` on its own
+thread and hands results to asyncio as futures, so the event loop never runs a model::
+
+    while running:
+        drain_inputs()          # submits, control calls (add/fork/reset/remove), in order
+        outcomes = engine.step()
+        deliver(outcomes)       # loop.call_soon_threadsafe -> future.set_result
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from models.actions import FrameAction
+from models.registry import UnknownModelError
+from models.world import Conditioning, World
+from runtime import metrics
+from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
+from runtime.kv_cache import KVBudget
+from runtime.plan import StepPlan
+from runtime.requests import (
+    ChunkCancelled,
+    ChunkCommitted,
+    ChunkFailed,
+    ChunkRequest,
+    DebugHooks,
+    Outcome,
+)
+from runtime.runner import BoundaryHook, Runner, RunnerOutput
+from runtime.scheduler import ChunkShape, FifoScheduler, Scheduler
+from runtime.transaction import Stream
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """A stream's committed position (read on the engine thread)."""
+
+    stream_id: str
+    model_id: str
+    chunks: int  # committed chunks
+    latent_frames: int  # committed latent frames (KV length)
+    video_frames: int  # committed video frames
+    kv_bytes: int  # device bytes of its KV cache
+
+
+class Engine:
+    """Streams, a scheduler and a runner for one device."""
+
+    def __init__(
+        self,
+        worlds: dict[str, World],
+        *,
+        max_batch: int = 4,
+        max_streams: int = 16,
+        max_kv_bytes: int | None = None,
+        max_queued_per_stream: int = 8,
+        boundary_hook: BoundaryHook | None = None,
+        scheduler: Scheduler | None = None,
+    ) -> None:
+        self.worlds = worlds
+        self._lock = threading.Lock()  # guards _live and _aborted (touched from other threads)
+        self._live: set[int] = set()  # submitted request ids without an outcome yet
+        self._aborted: set[int] = set()  # subset of _live to cancel
+        self._ids = itertools.count(1)
+        self.runner = Runner(worlds, self.is_aborted, boundary_hook)
+        self.scheduler = scheduler or FifoScheduler(self._shape_of, max_batch)
+        self.budget = KVBudget(max_streams, max_kv_bytes)
+        self.max_queued = max_queued_per_stream
+
+    # -- thread-safe ----------------------------------------------------------------------------
+
+    def new_request_id(self) -> int:
+        """A fresh request id (thread-safe)."""
+        with self._lock:
+            return next(self._ids)
+
+    def abort(self, request_ids: set[int] | list[int]) -> None:
+        """Cancel these requests: queued ones leave the queue, a running one stops at its next
+        boundary (or just before commit). Thread-safe; unknown or finished ids are ignored."""
+        with self._lock:
+            self._aborted |= set(request_ids) & self._live
+
+    def is_aborted(self, request_id: int) -> bool:
+        """Whether `request_id` was cancelled (thread-safe)."""
+        with self._lock:
+            return request_id in self._aborted
+
+    # -- streams --------------------------------------------------------------------------------
+
+    def _world(self, model_id: str) -> World:
+        if model_id not in self.worlds:
+            raise UnknownModelError(f"model {model_id!r} is not loaded; loaded: {sorted(self.worlds)}")
+        return self.worlds[model_id]
+
+    def _stream(self, stream_id: str) -> Stream:
+        stream = self.runner.streams.get(stream_id)
+        if stream is None:
+            raise StreamNotFound(stream_id)
+        return stream
+
+    def _reserve(self, stream_id: str, world: World) -> None:
+        if self.budget.allocate(stream_id, world.kv_bytes_per_session()) is None:
+            raise CapacityError(
+                f"no room for another world ({len(self.budget)} of {self.budget.max_streams} live, "
+                f"{self.budget.used_bytes} KV bytes reserved)"
+            )
+        metrics.STREAMS.set(len(self.budget))
+        metrics.KV_BYTES.set(self.budget.used_bytes)
+
+    def add_stream(
+        self, stream_id: str, model_id: str, cond: Conditioning, debug: DebugHooks | None = None
+    ) -> StreamInfo:
+        """Create a world for a new stream (allocates its KV cache on the device)."""
+        world = self._world(model_id)
+        if stream_id in self.runner.streams:
+            raise ValueError(f"stream {stream_id} exists")
+        self._reserve(stream_id, world)
+        try:
+            state = world.init_state(cond)
+        except Exception:
+            self._release(stream_id)
+            raise
+        self.runner.streams[stream_id] = Stream(stream_id, model_id, state, debug or DebugHooks())
+        return self.info(stream_id)
+
+    def fork_stream(self, src_id: str, dst_id: str) -> StreamInfo:
+        """A new stream holding a copy of `src_id`'s committed world."""
+        src = self._stream(src_id)
+        world = self._world(src.model_id)
+        self._reserve(dst_id, world)
+        try:
+            state = world.fork_state(src.state)
+        except Exception:
+            self._release(dst_id)
+            raise
+        dst = Stream(dst_id, src.model_id, state, src.debug, action_log=src.action_log.copy())
+        dst.fault_fired = src.fault_fired
+        self.runner.streams[dst_id] = dst
+        return self.info(dst_id)
+
+    def reset_stream(self, stream_id: str, cond: Conditioning) -> list[Outcome]:
+        """A fresh world in the same stream; queued chunks are cancelled."""
+        stream = self._stream(stream_id)
+        state = self.worlds[stream.model_id].init_state(cond)
+        dropped = self._drop_queue(stream_id)
+        stream.state = state
+        stream.action_log.clear()
+        stream.fault_fired = False
+        return dropped
+
+    def remove_stream(self, stream_id: str) -> list[Outcome]:
+        """End a stream: queued chunks are cancelled, its device state is freed on the next step."""
+        self._stream(stream_id)
+        outcomes = [
+            self._cancelled(r.stream_id, r.request_id) for r in self.scheduler.finish_stream(stream_id)
+        ]
+        self._release(stream_id)
+        return outcomes
+
+    def _release(self, stream_id: str) -> None:
+        self.budget.free(stream_id)
+        metrics.STREAMS.set(len(self.budget))
+        metrics.KV_BYTES.set(self.budget.used_bytes)
+
+    def _drop_queue(self, stream_id: str) -> list[Outcome]:
+        ids = {r.request_id for r in self.scheduler.pending(stream_id)}
+        return [self._cancelled(r.stream_id, r.request_id) for r in self.scheduler.abort_requests(ids)]
+
+    def info(self, stream_id: str) -> StreamInfo:
+        """The stream's committed position."""
+        s = self._stream(stream_id)
+        st = s.state
+        return StreamInfo(stream_id, s.model_id, st.chunks, st.frames, st.video_frames, st.kv.nbytes())
+
+    def world_of(self, stream_id: str) -> World:
+        """The world a stream runs on."""
+        return self.worlds[self._stream(stream_id).model_id]
+
+    def _shape_of(self, stream_id: str) -> ChunkShape:
+        stream = self.runner.streams[stream_id]
+        start = stream.state.start_latents
+        if start is not None:
+            return ChunkShape(stream.model_id, True, start.shape[1])
+        return ChunkShape(stream.model_id, False, self.worlds[stream.model_id].chunk_frames)
+
+    def next_chunk_video_frames(self, stream_id: str) -> int:
+        """Video frames of the stream's next chunk once everything queued before it has committed."""
+        stream = self._stream(stream_id)
+        world = self.worlds[stream.model_id]
+        latent = stream.state.frames
+        queued = self.scheduler.queued(stream_id)
+        if stream.state.start_latents is not None:
+            if queued == 0:
+                return world.layout.video_frames(0, stream.state.start_latents.shape[1])
+            latent += stream.state.start_latents.shape[1]
+            queued -= 1
+        latent += queued * world.chunk_frames
+        return world.layout.video_frames(latent, world.chunk_frames)
+
+    # -- chunks ---------------------------------------------------------------------------------
+
+    def submit(self, request: ChunkRequest) -> None:
+        """Queue a chunk request (validated against the stream's world)."""
+        stream = self._stream(request.stream_id)
+        if self.scheduler.queued(request.stream_id) >= self.max_queued:
+            raise CapacityError(f"stream {request.stream_id} already has {self.max_queued} chunks queued")
+        if request.actions is not None:
+            self._check_actions(stream, request.actions, self.next_chunk_video_frames(request.stream_id))
+        request.submitted_at = request.submitted_at or time.perf_counter()
+        with self._lock:
+            self._live.add(request.request_id)
+        self.scheduler.add_request(request)
+
+    def _check_actions(self, stream: Stream, actions: list[FrameAction] | tuple, expected: int) -> None:
+        space = self.worlds[stream.model_id].action_space
+        if len(actions) not in (0, 1, expected):
+            raise InvalidRequest(
+                "actions", f"this chunk takes 1 or {expected} frame actions, got {len(actions)}"
+            )
+        for a in actions:
+            unknown = space.unknown_keys(a.keys)
+            if unknown:
+                raise InvalidRequest("keys", f"unknown keys {unknown}; this model knows {list(space.keys)}")
+            if a.vector is not None and len(a.vector) != space.vector_dim:
+                raise InvalidRequest(
+                    "vector", f"vector has length {len(a.vector)}, model takes {space.vector_dim}"
+                )
+
+    def has_work(self) -> bool:
+        """Whether `step()` would do anything."""
+        return self.scheduler.has_unfinished() or bool(self._aborted)
+
+    def step(self) -> list[Outcome]:
+        """Schedule one batch, run it, commit what survived; return every outcome produced."""
+        outcomes = self._process_aborts()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return outcomes
+        out = self.runner.execute(plan)
+        outcomes += self._process_aborts()  # requests cancelled while the batch ran
+        outcomes += self._finish(plan, out)
+        self.scheduler.update_from_output(plan)
+        if plan.chunks:
+            metrics.BATCH_SIZE.observe(len(plan.chunks))
+        return outcomes
+
+    def _process_aborts(self) -> list[Outcome]:
+        with self._lock:
+            ids = set(self._aborted)
+        if not ids:
+            return []
+        return [self._cancelled(r.stream_id, r.request_id) for r in self.scheduler.abort_requests(ids)]
+
+    def _finish(self, plan: StepPlan, out: RunnerOutput) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        model = plan.model_id
+        for txn in out.staged:
+            if self.is_aborted(txn.request.request_id):
+                txn.rollback()
+                out.cancelled.append(txn)
+                continue
+            done: ChunkCommitted = txn.commit()
+            for stage, ms in done.timings.as_dict().items():
+                metrics.CHUNK_STAGE_MS.labels(stage).observe(ms)
+            metrics.CHUNKS.labels(model, "committed").inc()
+            outcomes.append(done)
+            self._resolved(done.request_id)
+        for txn in out.cancelled:
+            metrics.CHUNKS.labels(model, "cancelled").inc()
+            outcomes.append(
+                ChunkCancelled(txn.request.request_id, txn.stream.stream_id, txn.chunk, started=True)
+            )
+            self._resolved(txn.request.request_id)
+        for txn, message in out.failed:
+            metrics.CHUNKS.labels(model, "failed").inc()
+            outcomes.append(ChunkFailed(txn.request.request_id, txn.stream.stream_id, txn.chunk, message))
+            self._resolved(txn.request.request_id)
+        return outcomes
+
+    def _cancelled(self, stream_id: str, request_id: int) -> ChunkCancelled:
+        stream = self.runner.streams.get(stream_id)
+        chunk = stream.state.chunks + 1 if stream is not None else 0
+        self._resolved(request_id)
+        return ChunkCancelled(request_id, stream_id, chunk, started=False)
+
+    def _resolved(self, request_id: int) -> None:
+        with self._lock:
+            self._live.discard(request_id)
+            self._aborted.discard(request_id)
+
+
+class EngineThread:
+    """Runs an `Engine` on a dedicated thread; asyncio callers get futures."""
+
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, max_inputs: int = 4096) -> None:
+        self.engine = engine
+        self.loop = loop
+        self._inputs: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=max_inputs)
+        self._futures: dict[int, tuple[str, asyncio.Future]] = {}  # request id -> (stream, future)
+        self._calls: set[asyncio.Future] = set()  # control calls not yet run
+        self._flock = threading.Lock()
+        self._running = False
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="worldserve-engine", daemon=True)
+
+    @property
+    def dead(self) -> bool:
+        """True once the engine thread has died."""
+        return self._dead is not None
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._running = True
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop after the current step; pending futures fail with EngineDeadError."""
+        self._running = False
+        self._put(lambda: None)
+        self._thread.join(timeout)
+        self._fail_all(EngineDeadError("engine stopped"))
+
+    def _put(self, fn: Callable[[], None]) -> None:
+        try:
+            self._inputs.put_nowait(fn)
+        except queue.Full as exc:
+            raise CapacityError("engine input queue is full") from exc
+
+    # -- asyncio side ---------------------------------------------------------------------------
+
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Run `fn(*args)` on the engine thread between steps; the future holds its result."""
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        fut: asyncio.Future[T] = self.loop.create_future()
+        with self._flock:
+            self._calls.add(fut)
+
+        def job() -> None:
+            with self._flock:
+                self._calls.discard(fut)
+            try:
+                result = fn(*args)
+            except Exception as exc:  # handed to the caller, the engine goes on
+                self.loop.call_soon_threadsafe(_set_exception, fut, exc)
+            else:
+                self.loop.call_soon_threadsafe(_set_result, fut, result)
+
+        try:
+            self._put(job)
+        except CapacityError:
+            with self._flock:
+                self._calls.discard(fut)
+            raise
+        return fut
+
+    def submit(self, request: ChunkRequest) -> asyncio.Future[Outcome]:
+        """Queue a chunk; the future resolves with its outcome (or raises the submit error)."""
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        fut: asyncio.Future[Outcome] = self.loop.create_future()
+        with self._flock:
+            self._futures[request.request_id] = (request.stream_id, fut)
+
+        def job() -> None:
+            try:
+                self.engine.submit(request)
+            except Exception as exc:
+                with self._flock:
+                    self._futures.pop(request.request_id, None)
+                self.loop.call_soon_threadsafe(_set_exception, fut, exc)
+
+        try:
+            self._put(job)
+        except CapacityError:
+            with self._flock:
+                self._futures.pop(request.request_id, None)
+            raise
+        return fut
+
+    def cancel_stream(self, stream_id: str) -> int:
+        """Abort every outstanding chunk of a stream (thread-safe, immediate); returns how many."""
+        with self._flock:
+            ids = [rid for rid, (sid, _) in self._futures.items() if sid == stream_id]
+        self.engine.abort(ids)
+        return len(ids)
+
+    def outstanding(self, stream_id: str) -> int:
+        """Chunks of a stream submitted and not yet resolved."""
+        with self._flock:
+            return sum(1 for sid, _ in self._futures.values() if sid == stream_id)
+
+    # -- engine thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while self._running:
+            try:
+                block = not self.engine.has_work()
+                self._drain(block)
+                outcomes = self.engine.step()
+            except BaseException as exc:
+                log.exception("engine thread died")
+                self._dead = exc
+                self._fail_all(EngineDeadError(f"engine died: {exc}"))
+                return
+            self._deliver(outcomes)
+
+    def _drain(self, block: bool) -> None:
+        try:
+            fn = self._inputs.get(timeout=0.5) if block else self._inputs.get_nowait()
+        except queue.Empty:
+            return
+        fn()
+        while True:
+            try:
+                fn = self._inputs.get_nowait()
+            except queue.Empty:
+                return
+            fn()
+
+    def _deliver(self, outcomes: list[Outcome]) -> None:
+        for o in outcomes:
+            with self._flock:
+                entry = self._futures.pop(o.request_id, None)
+            if entry is not None:
+                self.loop.call_soon_threadsafe(_set_result, entry[1], o)
+
+    def _fail_all(self, exc: Exception) -> None:
+        with self._flock:
+            futs = [f for _, f in self._futures.values()] + list(self._calls)
+            self._futures.clear()
+            self._calls.clear()
+        for fut in futs:
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(_set_exception, fut, exc)
+
+
+def _set_result(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

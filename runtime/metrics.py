@@ -1,0 +1,29 @@
+"""Prometheus metrics of the runtime, on a registry of our own (the web layer adds its metrics to it
+and serves it at /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+STAGE_BUCKETS_MS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 400, 700, 1000, 2000, 5000)
+
+CHUNKS = Counter(
+    "worldserve_chunks_total", "Chunk transactions by outcome.", ["model", "outcome"], registry=REGISTRY
+)
+CHUNK_STAGE_MS = Histogram(
+    "worldserve_chunk_stage_ms",
+    "Milliseconds per chunk stage (queue, denoise, context, decode, total).",
+    ["stage"],
+    buckets=STAGE_BUCKETS_MS,
+    registry=REGISTRY,
+)
+STREAMS = Gauge("worldserve_streams", "Worlds resident on the device.", registry=REGISTRY)
+KV_BYTES = Gauge("worldserve_kv_bytes", "Bytes of KV cache reserved on the device.", registry=REGISTRY)
+BATCH_SIZE = Histogram(
+    "worldserve_batch_size",
+    "Sessions per engine step.",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16),
+    registry=REGISTRY,
+)

@@ -1,0 +1,122 @@
+"""One chunk = one transaction: begin, stage, then commit or roll back.
+
+begin     reads the committed counters; from here the committed state is read-only.
+stage     records what the chunk produced: K/V already sit in scratch slots past the committed
+          length, the new decoder cache is a private object, frames are on the host.
+commit    atomically advances the KV length (eviction is implicit in the ring, sinks stay),
+          swaps the decoder cache, advances the RNG key and the frame counters, appends to the
+          action log — and only then is a `ChunkCommitted` (with its frames) handed out.
+rollback  drops the stage. Nothing committed was written, so the world is bit-identical to
+          before and the stream can run its next chunk at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from models.actions import FrameAction
+from models.vae import DecoderCache
+from models.world import WorldState
+from runtime.requests import ChunkCommitted, ChunkRequest, ChunkTimings, DebugHooks
+
+log = logging.getLogger(__name__)
+
+ACTION_LOG_CHUNKS = 4096  # committed chunks of actions kept per stream (older ones are dropped)
+
+
+@dataclass
+class Stream:
+    """The runtime's record of one session's world."""
+
+    stream_id: str
+    model_id: str
+    state: WorldState  # device state; counters change only in Transaction.commit
+    debug: DebugHooks = field(default_factory=DebugHooks)
+    action_log: deque[list[FrameAction]] = field(default_factory=lambda: deque(maxlen=ACTION_LOG_CHUNKS))
+    fault_fired: bool = False  # DebugHooks.fail_at_chunk fires once
+
+
+class TxnStatus(enum.Enum):
+    """Lifecycle of a transaction."""
+
+    OPEN = "open"
+    STAGED = "staged"
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled_back"
+
+
+@dataclass
+class Staged:
+    """What a chunk produced, invisible until commit."""
+
+    n_latent: int  # latent frames written into scratch slots
+    decoder: DecoderCache  # decoder cache after this chunk
+    frames: np.ndarray  # (T, H, W, 3) uint8 on the host
+    timings: ChunkTimings
+
+
+class Transaction:
+    """A chunk in flight for one stream."""
+
+    def __init__(self, stream: Stream, request: ChunkRequest, actions: list[FrameAction]) -> None:
+        self.stream = stream
+        self.request = request
+        self.actions = actions  # per-video-frame actions this chunk applies
+        st = stream.state
+        self.chunk = st.chunks + 1  # the chunk number a commit would create
+        self.latent_start = st.frames
+        self.frame0 = st.video_frames
+        self.status = TxnStatus.OPEN
+        self._staged: Staged | None = None
+
+    def _set_status(self, status: TxnStatus) -> None:
+        log.debug(
+            "= txn %s chunk %d: %s -> %s", self.stream.stream_id, self.chunk, self.status.value, status.value
+        )
+        self.status = status
+
+    def stage(self, staged: Staged) -> None:
+        """Record the chunk's outputs."""
+        if self.status is not TxnStatus.OPEN:
+            raise RuntimeError(f"stage() on a {self.status.value} transaction")
+        self._staged = staged
+        self._set_status(TxnStatus.STAGED)
+
+    def commit(self) -> ChunkCommitted:
+        """Make the chunk part of the world and release its frames."""
+        if self.status is not TxnStatus.STAGED or self._staged is None:
+            raise RuntimeError(f"commit() on a {self.status.value} transaction")
+        st = self.stream.state
+        if st.chunks + 1 != self.chunk or st.frames != self.latent_start:
+            raise RuntimeError("the stream moved on while this transaction was open")
+        s = self._staged
+        st.frames += s.n_latent
+        st.decoder = s.decoder
+        st.chunks += 1
+        st.video_frames += s.frames.shape[0]
+        st.start_latents = None
+        self.stream.action_log.append(self.actions)
+        self._set_status(TxnStatus.COMMITTED)
+        return ChunkCommitted(
+            request_id=self.request.request_id,
+            stream_id=self.stream.stream_id,
+            chunk=self.chunk,
+            frame0=self.frame0,
+            frames=s.frames,
+            actions=self.actions,
+            timings=s.timings,
+        )
+
+    def rollback(self) -> None:
+        """Drop whatever was staged; hand realtime actions back to their source."""
+        if self.status in (TxnStatus.COMMITTED, TxnStatus.ROLLED_BACK):
+            raise RuntimeError(f"rollback() on a {self.status.value} transaction")
+        self._staged = None
+        if self.request.source is not None:
+            self.request.source.give_back(self.actions)
+        self._set_status(TxnStatus.ROLLED_BACK)

@@ -1,0 +1,282 @@
+"""The chunk transaction through a bare Engine: determinism, exact cancellation, rollback on
+faults, isolation between sessions, fork, prefill of image-started worlds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from models.actions import FrameAction
+from models.world import Conditioning
+from runtime.engine import Engine
+from runtime.errors import CapacityError, InvalidRequest, StreamNotFound
+from runtime.requests import ChunkCancelled, ChunkCommitted, ChunkFailed, ChunkRequest, DebugHooks
+from tests.runtime.conftest import assert_same_snapshot, committed, keys, run_chunk, snapshot
+
+SCRIPT = [keys("w"), keys("d"), keys("a", "space"), keys()]
+BOUNDARIES = ["denoise:0", "denoise:1", "denoise:2", "denoise:3", "context", "decode", "commit"]
+
+
+def make_engine(world, **kw) -> Engine:
+    return Engine({world.config.id: world}, **kw)
+
+
+def play(engine: Engine, sid: str, script) -> list[np.ndarray]:
+    return [committed(engine, sid, a).frames for a in script]
+
+
+def test_same_seed_and_actions_give_identical_frames(world):
+    a, b = make_engine(world), make_engine(world)
+    a.add_stream("s", "tiny", Conditioning(seed=7))
+    b.add_stream("s", "tiny", Conditioning(seed=7))
+    fa, fb = play(a, "s", SCRIPT), play(b, "s", SCRIPT)
+    for x, y in zip(fa, fb, strict=True):
+        assert np.array_equal(x, y)
+    assert [f.shape[0] for f in fa] == [3, 4, 4, 4]  # first chunk of a Wan-VAE stream: 1 + 2 frames
+
+
+def test_different_actions_or_history_give_different_frames(world):
+    e = make_engine(world)
+    for sid in ("base", "acts", "hist", "seed"):
+        e.add_stream(sid, "tiny", Conditioning(seed=11 if sid == "seed" else 7))
+    base = play(e, "base", SCRIPT)
+    acts = play(e, "acts", [*SCRIPT[:3], keys("s")])
+    hist = play(e, "hist", [keys("s"), *SCRIPT[1:]])
+    seed = play(e, "seed", SCRIPT)
+    assert not np.array_equal(base[3], acts[3])  # same history, different last action
+    assert np.array_equal(base[0], acts[0])
+    assert not np.array_equal(base[3], hist[3])  # same last action, different history
+    assert not np.array_equal(base[0], seed[0])
+
+
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+def test_cancel_at_every_boundary_leaves_the_world_bit_identical(world, boundary):
+    hit: list[str] = []
+
+    def hook(stream_id: str, name: str) -> None:
+        if stream_id == "s" and name == boundary and not hit:
+            hit.append(name)
+            engine.abort(engine._live)
+
+    engine = make_engine(world)
+    ref = make_engine(world)
+    engine.runner.boundary_hook = hook
+    for e in (engine, ref):
+        e.add_stream("s", "tiny", Conditioning(seed=3))
+    play(ref, "s", SCRIPT[:2])
+    hit.append("armed-later")  # no cancel during the first two chunks
+    play(engine, "s", SCRIPT[:2])
+    hit.clear()
+    before = snapshot(engine, "s")
+    outcomes = run_chunk(engine, "s", keys("d"))
+    assert [type(o) for o in outcomes] == [ChunkCancelled] and outcomes[0].started and outcomes[0].chunk == 3
+    assert_same_snapshot(before, snapshot(engine, "s"))
+    # the stream goes on at once and matches a run that never started the cancelled chunk
+    later = play(engine, "s", SCRIPT[2:])
+    expected = play(ref, "s", SCRIPT[2:])
+    for x, y in zip(later, expected, strict=True):
+        assert np.array_equal(x, y)
+
+
+def test_cancel_of_a_queued_chunk_never_starts_it(world):
+    e = make_engine(world)
+    e.add_stream("s", "tiny", Conditioning(seed=1))
+    r1, r2 = (ChunkRequest("s", e.new_request_id(), actions=keys("w")) for _ in range(2))
+    e.submit(r1)
+    e.submit(r2)
+    e.abort([r2.request_id])
+    outs = []
+    while e.has_work():
+        outs += e.step()
+    kinds = {o.request_id: o for o in outs}
+    assert isinstance(kinds[r1.request_id], ChunkCommitted)
+    assert isinstance(kinds[r2.request_id], ChunkCancelled) and not kinds[r2.request_id].started
+    assert e.info("s").chunks == 1
+
+
+def test_injected_fault_rolls_back_and_spares_the_batch_mate(world):
+    e = make_engine(world, max_batch=4)
+    alone = make_engine(world)
+    e.add_stream("bad", "tiny", Conditioning(seed=1), DebugHooks(fail_at_chunk=2))
+    e.add_stream("good", "tiny", Conditioning(seed=2))
+    alone.add_stream("good", "tiny", Conditioning(seed=2))
+    for sid in ("bad", "good"):
+        committed(e, sid, keys("w"))
+    committed(alone, "good", keys("w"))
+    before = snapshot(e, "bad")
+    e.submit(ChunkRequest("bad", e.new_request_id(), actions=keys("d")))
+    e.submit(ChunkRequest("good", e.new_request_id(), actions=keys("d")))
+    outs = {}
+    while e.has_work():
+        for o in e.step():
+            outs[o.stream_id] = o
+    assert isinstance(outs["bad"], ChunkFailed) and "injected" in outs["bad"].message
+    assert_same_snapshot(before, snapshot(e, "bad"))
+    assert isinstance(outs["good"], ChunkCommitted)
+    assert np.array_equal(outs["good"].frames, committed(alone, "good", keys("d")).frames)
+    # the failed stream runs its next chunk at once, like a stream that never saw the fault
+    clean = make_engine(world)
+    clean.add_stream("bad", "tiny", Conditioning(seed=1))
+    committed(clean, "bad", keys("w"))
+    assert np.array_equal(committed(e, "bad", keys("d")).frames, committed(clean, "bad", keys("d")).frames)
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_interleaved_sessions_equal_each_alone(world, max_batch):
+    """Alternating sessions is bit-identical to running each alone. Batched, the float math is
+    the same up to BLAS summation order, so frames agree to within one uint8 level."""
+    e = make_engine(world, max_batch=max_batch)
+    solo = {sid: make_engine(world) for sid in ("a", "b", "c")}
+    scripts = {"a": SCRIPT, "b": [keys("s")] * 4, "c": [keys("a"), keys(), keys("w", "d"), keys("space")]}
+    for sid, eng in solo.items():
+        eng.add_stream(sid, "tiny", Conditioning(seed=ord(sid)))
+        e.add_stream(sid, "tiny", Conditioning(seed=ord(sid)))
+    expected = {sid: play(solo[sid], sid, scripts[sid]) for sid in solo}
+    got: dict[str, list] = {sid: [] for sid in solo}
+    for i in range(4):  # all three queued together: interleaved, or batched in one step
+        for sid in solo:
+            e.submit(ChunkRequest(sid, e.new_request_id(), actions=scripts[sid][i]))
+        while e.has_work():
+            for o in e.step():
+                got[o.stream_id].append(o.frames)
+    for sid in solo:
+        for x, y in zip(got[sid], expected[sid], strict=True):
+            diff = np.abs(x.astype(int) - y)
+            if max_batch == 1:
+                assert diff.max() == 0
+            else:
+                assert diff.max() <= 1 and (diff > 0).mean() < 1e-3
+    # sessions really are different worlds, so any smearing would show
+    assert np.abs(got["a"][2].astype(int) - got["b"][2]).mean() > 5
+
+
+def test_fork_copies_the_committed_world(world):
+    e = make_engine(world)
+    e.add_stream("orig", "tiny", Conditioning(seed=5))
+    play(e, "orig", SCRIPT[:2])
+    e.fork_stream("orig", "copy")
+    assert e.info("copy").chunks == 2
+    same_a = committed(e, "orig", keys("d")).frames
+    same_b = committed(e, "copy", keys("d")).frames
+    assert np.array_equal(same_a, same_b)
+    diff_a = committed(e, "orig", keys("w")).frames
+    diff_b = committed(e, "copy", keys("s")).frames
+    assert not np.array_equal(diff_a, diff_b)
+    # the original is unaffected by the fork's existence
+    ref = make_engine(world)
+    ref.add_stream("orig", "tiny", Conditioning(seed=5))
+    ref_frames = play(ref, "orig", [*SCRIPT[:2], keys("d"), keys("w")])
+    assert np.array_equal(ref_frames[3], diff_a)
+
+
+def test_image_started_world_prefills_the_image_as_chunk_one(image_world):
+    e = make_engine(image_world)
+    e.add_stream("s", "tiny-image", Conditioning(seed=4))
+    first = committed(e, "s")
+    assert first.chunk == 1 and first.frames.shape == (1, 32, 32, 3) and first.frame0 == 0
+    second = committed(e, "s", keys("w"))
+    assert second.chunk == 2 and second.frame0 == 1 and second.frames.shape[0] == 4
+    # a cancelled prefill is retried by the next request
+    e2 = make_engine(image_world)
+    e2.add_stream("s", "tiny-image", Conditioning(seed=4))
+    r = ChunkRequest("s", e2.new_request_id())
+    e2.submit(r)
+    e2.abort([r.request_id])
+    while e2.has_work():
+        e2.step()
+    again = committed(e2, "s")
+    assert np.array_equal(again.frames, first.frames)
+
+
+def test_client_image_must_match_the_model(image_world):
+    from models.world import ConditioningError
+
+    e = make_engine(image_world)
+    with pytest.raises(ConditioningError):
+        e.add_stream("s", "tiny-image", Conditioning(seed=1, image=np.zeros((8, 8, 3), np.uint8)))
+    assert len(e.budget) == 0  # the reservation was released
+    img = np.full((32, 32, 3), 200, np.uint8)
+    e.add_stream("s", "tiny-image", Conditioning(seed=1, image=img))
+    assert committed(e, "s").frames.shape == (1, 32, 32, 3)
+
+
+def test_limits_and_bad_requests(world):
+    e = make_engine(world, max_streams=1, max_queued_per_stream=2)
+    e.add_stream("a", "tiny", Conditioning())
+    with pytest.raises(CapacityError):
+        e.add_stream("b", "tiny", Conditioning())
+    with pytest.raises(StreamNotFound):
+        e.submit(ChunkRequest("nope", e.new_request_id()))
+    with pytest.raises(InvalidRequest, match="keys"):
+        e.submit(ChunkRequest("a", e.new_request_id(), actions=[FrameAction(frozenset({"jump"}))]))
+    with pytest.raises(InvalidRequest, match="1 or 3"):
+        e.submit(ChunkRequest("a", e.new_request_id(), actions=[FrameAction()] * 2))
+    e.submit(ChunkRequest("a", e.new_request_id()))
+    e.submit(ChunkRequest("a", e.new_request_id()))
+    with pytest.raises(CapacityError):
+        e.submit(ChunkRequest("a", e.new_request_id()))
+    dropped = e.remove_stream("a")
+    assert len(dropped) == 2 and all(isinstance(o, ChunkCancelled) for o in dropped)
+    e.add_stream("b", "tiny", Conditioning())  # the slot is free again
+    while e.has_work():
+        e.step()
+    assert "a" not in e.runner.streams
+
+
+def test_reset_gives_a_fresh_world(world):
+    e = make_engine(world)
+    e.add_stream("s", "tiny", Conditioning(seed=9))
+    first = play(e, "s", SCRIPT[:2])
+    e.reset_stream("s", Conditioning(seed=9))
+    assert e.info("s").chunks == 0
+    again = play(e, "s", SCRIPT[:2])
+    assert all(np.array_equal(x, y) for x, y in zip(first, again, strict=True))
+
+
+class Buffer:
+    """A realtime action source that records what it handed out and got back."""
+
+    def __init__(self) -> None:
+        self.mouse = [4.0, -2.0]
+        self.returned = 0
+
+    def take(self, n: int) -> list[FrameAction]:
+        dx, dy = self.mouse
+        self.mouse = [0.0, 0.0]
+        return [FrameAction(frozenset({"w"}), (dx / n, dy / n))] * n
+
+    def give_back(self, actions) -> None:
+        self.returned += 1
+        self.mouse[0] += sum(a.mouse[0] for a in actions)
+        self.mouse[1] += sum(a.mouse[1] for a in actions)
+
+
+def test_realtime_source_is_read_at_begin_and_refunded_on_rollback(world):
+    e = make_engine(world)
+    e.add_stream("s", "tiny", Conditioning())
+    src = Buffer()
+    req = ChunkRequest("s", e.new_request_id(), source=src)
+    e.submit(req)
+
+    def hook(sid: str, name: str) -> None:
+        if name == "decode":
+            e.abort([req.request_id])
+
+    e.runner.boundary_hook = hook
+    while e.has_work():
+        e.step()
+    assert src.returned == 1 and src.mouse == pytest.approx([4.0, -2.0])
+    e.runner.boundary_hook = None
+    e.submit(ChunkRequest("s", e.new_request_id(), source=src))
+    while e.has_work():
+        (out,) = e.step()
+    assert isinstance(out, ChunkCommitted) and out.actions[0].keys == {"w"}
+    assert sum(a.mouse[0] for a in out.actions) == pytest.approx(4.0)
+
+
+def test_timings_are_reported(world):
+    e = make_engine(world)
+    e.add_stream("s", "tiny", Conditioning())
+    t = committed(e, "s").timings.as_dict()
+    assert set(t) == {"queue", "denoise", "context", "decode", "total"}
+    assert t["total"] >= t["denoise"] > 0

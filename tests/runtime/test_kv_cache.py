@@ -1,0 +1,67 @@
+"""Slot arithmetic of the KV ring and cache admission."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.causal_wan import KVCache
+from runtime.kv_cache import KVBudget, KVLayout
+
+
+def test_slots_fill_in_order_then_wrap_keeping_sinks():
+    lay = KVLayout(sink_frames=1, window_frames=4, tokens_per_frame=2)
+    assert [lay.slot_of(f) for f in range(9)] == [0, 1, 2, 3, 4, 1, 2, 3, 4]
+    s = lay.slots(committed=0, n_new=2, device="cpu")
+    assert s.write_index.tolist() == [0, 1, 2, 3] and s.n_valid == 4 and s.frame_offset == 0
+    s = lay.slots(committed=4, n_new=2, device="cpu")  # frames 4, 5 -> slots 4, 1 (wraps)
+    assert s.write_index.tolist() == [8, 9, 2, 3] and s.n_valid == 10
+
+
+@pytest.mark.parametrize(("sinks", "window", "chunk"), [(0, 4, 2), (1, 5, 2), (2, 6, 3), (0, 3, 3)])
+def test_attended_frames_live_in_valid_slots_and_scratch_never_hits_them(sinks, window, chunk):
+    lay = KVLayout(sinks, window, 1)
+    committed = 0
+    for _ in range(12):
+        s = lay.slots(committed, chunk, "cpu")
+        attended = lay.attended(committed, chunk)
+        slots = {lay.slot_of(f) for f in attended}
+        assert len(slots) == len(attended)  # no two attended frames share a slot
+        assert all(x < s.n_valid for x in slots)
+        assert not slots & set(s.write_index.tolist())  # scratch never overwrites what is read
+        # the valid prefix holds exactly attended + scratch
+        assert s.n_valid == len(attended) + chunk
+        committed += chunk
+
+
+def test_attended_window_contents():
+    lay = KVLayout(sink_frames=2, window_frames=4, tokens_per_frame=1)
+    assert lay.attended(0, 2) == []
+    assert lay.attended(3, 2) == [0, 1, 2]
+    assert lay.attended(10, 2) == [0, 1, 8, 9]
+
+
+def test_committed_view_is_frame_ordered():
+    lay = KVLayout(sink_frames=0, window_frames=3, tokens_per_frame=1)
+    kv = KVCache(layers=1, capacity=3, heads=1, head_dim=1)
+    for f in range(5):  # write frame index as the value
+        kv.update(0, torch.tensor([lay.slot_of(f)]), torch.full((1, 1, 1), float(f)), torch.zeros(1, 1, 1))
+    view = lay.committed_view(kv, committed=5, n_next=1)
+    assert view["k"][0, :, 0, 0].tolist() == [3.0, 4.0]
+
+
+def test_chunk_larger_than_window_is_refused():
+    with pytest.raises(ValueError, match="window"):
+        KVLayout(0, 2, 1).slots(0, 3, "cpu")
+
+
+def test_budget_limits_count_and_bytes():
+    b = KVBudget(max_streams=2, max_bytes=250)
+    assert b.allocate("a", 100) is not None
+    assert b.allocate("b", 200) is None  # bytes
+    assert b.allocate("b", 100) is not None
+    assert b.allocate("c", 1) is None  # count
+    b.free("a")
+    assert b.allocate("c", 50) is not None and b.used_bytes == 150
+    with pytest.raises(ValueError):
+        b.allocate("c", 1)
