@@ -29,7 +29,14 @@ def tiny_config(**overrides) -> CausalWanConfig:
 def tiny_actions(**overrides) -> ActionConfig:
     """An action module on the first block: 3 keys, mouse, a 2-vector, 2 video frames per latent."""
     base = dict(
-        keys=("w", "a", "d"), mouse=True, vector_dim=2, frames_per_latent=2, blocks=1, key_dim=8, motion_dim=8, heads=2
+        keys=("w", "a", "d"),
+        mouse=True,
+        vector_dim=2,
+        frames_per_latent=2,
+        blocks=1,
+        key_dim=8,
+        motion_dim=8,
+        heads=2,
     )
     base.update(overrides)
     return ActionConfig(**base)

@@ -45,10 +45,12 @@ def rollout(model: CausalWan, clean: list[torch.Tensor], noisy: torch.Tensor, t:
     cache = model.new_cache(H, W, "cpu", torch.float32)
     tkv = model.text_kv(text)
     done = 0
-    for j, x in enumerate(clean):
+    for _j, x in enumerate(clean):
         n = x.shape[2]
         act = None if actions is None else actions[:, done : done + n]
-        model.forward_chunk(x, torch.zeros(1), [cache], [layout.slots(done, n, "cpu")], [tkv], act, need_output=False)
+        model.forward_chunk(
+            x, torch.zeros(1), [cache], [layout.slots(done, n, "cpu")], [tkv], act, need_output=False
+        )
         done += n
     n = noisy.shape[2]
     act = None if actions is None else actions[:, done : done + n]
@@ -79,7 +81,9 @@ def test_parity_one_chunk_matches_diffusers(make_model):
     got = rollout(model, [], x, 700.0, text)
     assert (got - expected).abs().max().item() <= TOL
     # and the dense path over the same single chunk
-    dense = model.forward_dense(x, torch.full((1, 2), 700.0), [model.text_kv(text)], frame_attention_mask([2], 16))
+    dense = model.forward_dense(
+        x, torch.full((1, 2), 700.0), [model.text_kv(text)], frame_attention_mask([2], 16)
+    )
     assert (dense - expected).abs().max().item() <= TOL
 
 
@@ -95,12 +99,14 @@ def test_cache_matches_dense_block_causal(make_model, n_chunks):
     expected = dense_reference(ref, chunks, 500.0, text, mask)
     assert (got - expected).abs().max().item() <= TOL
     # the mask really is block-causal: a different past changes the answer
-    other = rollout(model, [torch.randn(1, 4, 2, H, W)] + chunks[1:-1], chunks[-1], 500.0, text)
+    other = rollout(model, [torch.randn(1, 4, 2, H, W), *chunks[1:-1]], chunks[-1], 500.0, text)
     assert (other - got).abs().max().item() > 1e-3
 
 
 @torch.no_grad()
-@pytest.mark.parametrize(("window", "sinks", "sizes"), [(5, 1, [1, 2, 2, 2, 2, 2]), (4, 0, [2] * 6), (6, 2, [2] * 7)])
+@pytest.mark.parametrize(
+    ("window", "sinks", "sizes"), [(5, 1, [1, 2, 2, 2, 2, 2]), (4, 0, [2] * 6), (6, 2, [2] * 7)]
+)
 def test_window_and_sinks_match_dense_windowed_mask(make_model, window, sinks, sizes):
     model = make_model(tiny_config(window_frames=window, sink_frames=sinks))
     ref = diffusers_twin(model)
@@ -111,7 +117,9 @@ def test_window_and_sinks_match_dense_windowed_mask(make_model, window, sinks, s
     expected = dense_reference(ref, chunks, 250.0, text, mask)
     assert (got - expected).abs().max().item() <= TOL
     # the windowed rollout really differs from attending to everything
-    full = dense_reference(diffusers_twin(model), chunks, 250.0, text, frame_attention_mask(sizes, sum(sizes)))
+    full = dense_reference(
+        diffusers_twin(model), chunks, 250.0, text, frame_attention_mask(sizes, sum(sizes))
+    )
     assert (full - got).abs().max().item() > 1e-4
 
 
@@ -147,11 +155,15 @@ def test_denoise_never_writes_committed_slots(make_model):
     tkv = model.text_kv(torch.zeros(1, 8))
     done = 0
     for n in [1, 2, 2, 2]:
-        model.forward_chunk(torch.randn(1, 4, n, H, W), torch.zeros(1), [cache], [layout.slots(done, n, "cpu")], [tkv])
+        model.forward_chunk(
+            torch.randn(1, 4, n, H, W), torch.zeros(1), [cache], [layout.slots(done, n, "cpu")], [tkv]
+        )
         done += n
     before = layout.committed_view(cache, done, 2)
     for t in (1000.0, 500.0):
-        model.forward_chunk(torch.randn(1, 4, 2, H, W), torch.tensor([t]), [cache], [layout.slots(done, 2, "cpu")], [tkv])
+        model.forward_chunk(
+            torch.randn(1, 4, 2, H, W), torch.tensor([t]), [cache], [layout.slots(done, 2, "cpu")], [tkv]
+        )
     after = layout.committed_view(cache, done, 2)
     for name in before:
         assert torch.equal(before[name], after[name])

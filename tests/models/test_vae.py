@@ -54,7 +54,7 @@ def test_decode_leaves_the_given_cache_untouched(vae):
     b, _ = stream.decode(z[:, 2:], cache)  # same cache again: same frames
     assert torch.equal(a, b)
     for old, now in zip(snapshot, cache.feats, strict=True):
-        assert (torch.equal(old, now) if isinstance(old, torch.Tensor) else old == now)
+        assert torch.equal(old, now) if isinstance(old, torch.Tensor) else old == now
     assert a.dtype == torch.uint8 and a.shape == (4, 32, 32, 3)
 
 

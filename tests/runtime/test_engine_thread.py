@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -72,10 +73,8 @@ def test_a_dead_engine_fails_every_future(world):
         fut = et.submit(ChunkRequest("s", engine.new_request_id()))
         et.start()
         for pending in (call, fut):  # whether or not it ran before the death, nothing hangs
-            try:
+            with contextlib.suppress(EngineDeadError):
                 await asyncio.wait_for(pending, 5)
-            except EngineDeadError:
-                pass
         with pytest.raises(EngineDeadError):
             await asyncio.wait_for(fut, 5)
         assert et.dead
