@@ -80,6 +80,7 @@ class Engine:
         self.scheduler = scheduler or FifoScheduler(self._shape_of, max_batch)
         self.budget = KVBudget(max_streams, max_kv_bytes)
         self.max_queued = max_queued_per_stream
+        self._side_outcomes: list[Outcome] = []  # produced by control calls; returned by the next step()
 
     # -- thread-safe ----------------------------------------------------------------------------
 
@@ -152,33 +153,30 @@ class Engine:
         self.runner.streams[dst_id] = dst
         return self.info(dst_id)
 
-    def reset_stream(self, stream_id: str, cond: Conditioning) -> list[Outcome]:
-        """A fresh world in the same stream; queued chunks are cancelled."""
+    def reset_stream(self, stream_id: str, cond: Conditioning) -> StreamInfo:
+        """A fresh world in the same stream; queued chunks are cancelled (outcomes in the next step)."""
         stream = self._stream(stream_id)
         state = self.worlds[stream.model_id].init_state(cond)
-        dropped = self._drop_queue(stream_id)
+        ids = {r.request_id for r in self.scheduler.pending(stream_id)}
+        dropped = self.scheduler.abort_requests(ids)
+        self._side_outcomes += [self._cancelled(r.stream_id, r.request_id) for r in dropped]
         stream.state = state
         stream.action_log.clear()
         stream.fault_fired = False
-        return dropped
+        return self.info(stream_id)
 
-    def remove_stream(self, stream_id: str) -> list[Outcome]:
-        """End a stream: queued chunks are cancelled, its device state is freed on the next step."""
+    def remove_stream(self, stream_id: str) -> None:
+        """End a stream: queued chunks are cancelled (outcomes in the next step); the runner frees
+        its device state on the next step."""
         self._stream(stream_id)
-        outcomes = [
-            self._cancelled(r.stream_id, r.request_id) for r in self.scheduler.finish_stream(stream_id)
-        ]
+        dropped = self.scheduler.finish_stream(stream_id)
+        self._side_outcomes += [self._cancelled(r.stream_id, r.request_id) for r in dropped]
         self._release(stream_id)
-        return outcomes
 
     def _release(self, stream_id: str) -> None:
         self.budget.free(stream_id)
         metrics.STREAMS.set(len(self.budget))
         metrics.KV_BYTES.set(self.budget.used_bytes)
-
-    def _drop_queue(self, stream_id: str) -> list[Outcome]:
-        ids = {r.request_id for r in self.scheduler.pending(stream_id)}
-        return [self._cancelled(r.stream_id, r.request_id) for r in self.scheduler.abort_requests(ids)]
 
     def info(self, stream_id: str) -> StreamInfo:
         """The stream's committed position."""
@@ -242,11 +240,12 @@ class Engine:
 
     def has_work(self) -> bool:
         """Whether `step()` would do anything."""
-        return self.scheduler.has_unfinished() or bool(self._aborted)
+        return self.scheduler.has_unfinished() or bool(self._aborted) or bool(self._side_outcomes)
 
     def step(self) -> list[Outcome]:
         """Schedule one batch, run it, commit what survived; return every outcome produced."""
-        outcomes = self._process_aborts()
+        outcomes, self._side_outcomes = self._side_outcomes, []
+        outcomes += self._process_aborts()
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return outcomes

@@ -1,0 +1,274 @@
+"""SessionManager: open, look up, fork, detach, expire and close sessions; run one-shot requests.
+
+No sockets and no torch: web/ hands it plain parameters and a sink for events; the engine
+thread does every piece of device work. Limits: `max_sessions` live sessions (detached ones
+count until their TTL), and the engine's own KV budget; both answer `busy`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from models.actions import FrameAction
+from models.registry import UnknownModelError
+from models.world import Conditioning, ConditioningError
+from runtime.engine import EngineThread, StreamInfo
+from runtime.errors import CapacityError, EngineDeadError, StreamNotFound
+from runtime.requests import DebugHooks
+from sessions.errors import InvalidInput, SessionBusy, SessionError, SessionFailed, SessionNotFound
+from sessions.events import ClosedEvent, DoneEvent, ErrorEvent, FramesEvent, SessionEvent
+from sessions.session import Mode, Session, SessionStatus, Sink
+
+log = logging.getLogger(__name__)
+
+ONESHOT_IN_FLIGHT = 4  # one-shot chunks queued at once: keeps the engine fed, never floods its queue
+
+
+@dataclass(frozen=True)
+class OpenParams:
+    """What a client asks for when it opens a session (already schema-checked by web/)."""
+
+    model: str | None = None  # None: the server's default model
+    seed: int | None = None  # None: a random seed
+    prompt: str | None = None  # only for models with a text encoder
+    image: np.ndarray | None = None  # (H, W, 3) uint8 start frame
+    mode: Mode = "realtime"
+    max_ahead: int = 2  # realtime credits: chunks generated past the last ack
+    debug: DebugHooks | None = None  # test hooks; refused unless the server allows them
+
+
+class SessionManager:
+    """All sessions of one server process."""
+
+    def __init__(
+        self,
+        engine: EngineThread,
+        *,
+        default_model: str,
+        max_sessions: int = 16,
+        detach_ttl_s: float = 60.0,
+        allow_debug_hooks: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.default_model = default_model
+        self.max_sessions = max_sessions
+        self.detach_ttl_s = detach_ttl_s
+        self.allow_debug_hooks = allow_debug_hooks
+        self._sessions: dict[str, Session] = {}
+        self._by_token: dict[str, Session] = {}
+        self._sweeper: asyncio.Task | None = None
+
+    # -- lookup ---------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: str) -> Session:
+        """A live session by id."""
+        s = self._sessions.get(session_id)
+        if s is None:
+            raise SessionNotFound(f"no session {session_id}")
+        return s
+
+    def by_token(self, token: str) -> Session:
+        """A live session by resume token (compared in constant time per candidate)."""
+        for known, s in self._by_token.items():
+            if secrets.compare_digest(known, token):
+                return s
+        raise SessionNotFound("unknown or expired resume token")
+
+    def models(self) -> dict[str, object]:
+        """Specs of the loaded models by id."""
+        return {name: w.spec for name, w in self.engine.engine.worlds.items()}
+
+    # -- open / fork / close --------------------------------------------------------------------
+
+    def _conditioning(self, model_id: str, p: OpenParams) -> Conditioning:
+        if p.prompt:
+            raise InvalidInput(f"model {model_id} has no text encoder; omit `prompt`", field="prompt")
+        seed = p.seed if p.seed is not None else secrets.randbelow(2**31)
+        return Conditioning(seed=seed, image=p.image)
+
+    def _new(self, model_id: str, mode: Mode, max_ahead: int, cond: Conditioning) -> Session:
+        session = Session(
+            self.engine,
+            session_id=uuid.uuid4().hex,
+            resume_token=secrets.token_urlsafe(32),  # 256 bits
+            spec=self.engine.engine.worlds[model_id].spec,
+            mode=mode,
+            max_ahead=max_ahead,
+            cond=cond,
+        )
+        session.on_finished = self._forget
+        return session
+
+    async def open(self, params: OpenParams) -> Session:
+        """Create a session and its world. Raises SessionBusy / SessionNotFound / InvalidInput."""
+        model_id = params.model or self.default_model
+        if model_id not in self.engine.engine.worlds:
+            raise SessionNotFound(f"unknown model {model_id!r}; loaded: {sorted(self.engine.engine.worlds)}")
+        if params.debug is not None and not self.allow_debug_hooks:
+            raise InvalidInput(
+                "debug hooks are off on this server (start it with --debug-hooks)", field="debug"
+            )
+        if len(self._sessions) >= self.max_sessions:
+            raise SessionBusy(f"server is full ({self.max_sessions} sessions); retry later")
+        cond = self._conditioning(model_id, params)
+        session = self._new(model_id, params.mode, params.max_ahead, cond)
+        self._sessions[session.id] = session  # counts against the limit while the world is built
+        try:
+            await self._engine_call(self.engine.engine.add_stream, session.id, model_id, cond, params.debug)
+        except BaseException:
+            self._sessions.pop(session.id, None)
+            raise
+        self._by_token[session.resume_token] = session
+        self._ensure_sweeper()
+        return session
+
+    async def fork(self, src: Session) -> Session:
+        """Copy `src`'s committed world into a new, detached session (attach with its token)."""
+        src._check_live()
+        if len(self._sessions) >= self.max_sessions:
+            raise SessionBusy(f"server is full ({self.max_sessions} sessions); retry later")
+        dst = self._new(src.spec.id, src.mode, src.max_ahead, src.cond)
+        self._sessions[dst.id] = dst
+        try:
+            info: StreamInfo = await self._engine_call(self.engine.engine.fork_stream, src.id, dst.id)
+        except BaseException:
+            self._sessions.pop(dst.id, None)
+            raise
+        # the fork continues the source's numbering from its committed position
+        dst._chunk_base = src._chunk_base
+        dst._frame_base = src._frame_base
+        dst.last_chunk = dst.acked = src._chunk_base + info.chunks
+        dst.frames_out = src._frame_base + info.video_frames
+        dst.detach()
+        self._by_token[dst.resume_token] = dst
+        return dst
+
+    async def close(self, session: Session, status: SessionStatus = SessionStatus.CLOSED) -> None:
+        """End a session and free its world."""
+        session.finish(status)  # calls _forget
+
+    def _forget(self, session: Session) -> None:
+        self._sessions.pop(session.id, None)
+        self._by_token.pop(session.resume_token, None)
+        self.engine.cancel_stream(session.id)
+        with contextlib.suppress(EngineDeadError, CapacityError):
+            fut = self.engine.call(self.engine.engine.remove_stream, session.id)
+            fut.add_done_callback(_ignore_result)
+
+    async def _engine_call(self, fn, *args):
+        try:
+            return await self.engine.call(fn, *args)
+        except CapacityError as exc:
+            raise SessionBusy(str(exc)) from exc
+        except UnknownModelError as exc:
+            raise SessionNotFound(str(exc)) from exc
+        except ConditioningError as exc:
+            raise InvalidInput(str(exc), field=exc.field) from exc
+        except StreamNotFound as exc:
+            raise SessionNotFound(str(exc)) from exc
+        except EngineDeadError as exc:
+            raise SessionFailed(str(exc)) from exc
+
+    async def reset(self, session: Session, seq: int, seed: int | None) -> None:
+        """A fresh world in `session` (a new seed, or the current one)."""
+        cond = Conditioning(seed=session.cond.seed if seed is None else seed, image=session.cond.image)
+        await session.reset(seq, cond)
+
+    # -- one-shot -------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        params: OpenParams,
+        actions: Sequence[Sequence[FrameAction]],
+        chunks: int,
+        sink: Sink,
+    ) -> DoneEvent:
+        """Run `chunks` chunks with scripted actions (one list per chunk, like `step.actions`;
+        chunks past the end get no input) through the same loop, streaming frames to `sink`."""
+        if len(actions) > chunks:
+            raise InvalidInput(f"{len(actions)} action lists for {chunks} chunks", field="actions")
+        session = await self.open(replace(params, mode="lockstep"))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        window = asyncio.Semaphore(ONESHOT_IN_FLIGHT)
+        total = {"chunks": 0, "frames": 0}
+        expected = chunks + (1 if session.spec.image_start else 0)
+
+        def on_event(ev: SessionEvent) -> None:
+            if isinstance(ev, ClosedEvent):
+                return  # the one-shot's own close; `done` goes out first
+            sink(ev)
+            if isinstance(ev, FramesEvent):
+                total["chunks"] += 1
+                total["frames"] += ev.frames.shape[0]
+                session.ack(ev.chunk)  # one-shot clients do not ack; nothing needs retaining
+                window.release()
+                if total["chunks"] == expected and not done.done():
+                    done.set_result(None)
+            elif isinstance(ev, ErrorEvent) and not done.done():
+                done.set_exception(SessionFailed(ev.message) if ev.fatal else SessionError(ev.message))
+                window.release()  # wake the submit loop so it sees `done`
+
+        ok = False
+        try:
+            session.activate(on_event)
+            if session.spec.image_start:
+                await window.acquire()  # the prefill chunk activate() started
+            for i in range(chunks):
+                await window.acquire()
+                if done.done():
+                    break
+                session.step(i, list(actions[i]) if i < len(actions) else [])
+            await done
+            ok = True
+            return DoneEvent(total["chunks"], total["frames"], dict(session.totals.ms))
+        finally:
+            await self.close(session, SessionStatus.DONE if ok else SessionStatus.CLOSED)
+
+    # -- detach TTL -----------------------------------------------------------------------------
+
+    def _ensure_sweeper(self) -> None:
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        while self._sessions:
+            await asyncio.sleep(min(1.0, self.detach_ttl_s / 4))
+            self.expire_detached()
+
+    def expire_detached(self, now: float | None = None) -> list[str]:
+        """Close sessions detached for longer than the TTL; returns their ids."""
+        now = time.monotonic() if now is None else now
+        gone = [
+            s
+            for s in self._sessions.values()
+            if s.status is SessionStatus.DETACHED
+            and s.detached_at is not None
+            and now - s.detached_at > self.detach_ttl_s
+        ]
+        for s in gone:
+            s.finish(SessionStatus.EXPIRED)
+        return [s.id for s in gone]
+
+    async def shutdown(self) -> None:
+        """Close every session (server stopping)."""
+        for s in list(self._sessions.values()):
+            s.finish(SessionStatus.SHUTDOWN)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+
+
+def _ignore_result(fut: asyncio.Future) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("remove_stream: %s", fut.exception())

@@ -1,0 +1,391 @@
+"""A session: one client's world, its mode, input, flow control and delivery of committed chunks.
+
+Lifecycle (`SessionStatus`, ordered so that `is_finished` is one comparison)::
+
+    OPENING -> ACTIVE <-> DETACHED -> CLOSED | EXPIRED | DONE | FAILED | SHUTDOWN
+
+realtime  the session keeps chunks coming while it is ACTIVE, not paused, and has credits:
+          chunks in flight + committed-but-unacked chunks < max_ahead. Each chunk reads the
+          action buffer when it begins (latest keys win, mouse deltas add up).
+lockstep  one chunk per `step`, with the given per-frame actions.
+
+Committed chunks are delivered to the attached sink and retained until acked (bounded: the
+oldest go first), so a client that reattaches after a dropped socket gets every chunk it has
+not acked. Chunk numbers never repeat within a session, also across `reset`.
+
+Runs on the asyncio event loop; all model work goes through the `EngineThread`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from models.actions import FrameAction
+from models.world import Conditioning, ModelSpec
+from runtime.engine import EngineThread
+from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
+from runtime.requests import ChunkCancelled, ChunkCommitted, ChunkFailed, ChunkRequest, Outcome
+from sessions.actions import ActionBuffer, ChunkSource
+from sessions.errors import InvalidInput, RateLimited, SessionError, SessionFailed
+from sessions.events import (
+    CancelledEvent,
+    ClosedEvent,
+    ErrorEvent,
+    FramesEvent,
+    ReadyEvent,
+    SessionEvent,
+)
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["realtime", "lockstep"]
+Sink = Callable[[SessionEvent], None]
+
+PIPELINE = 2  # realtime chunks queued in the engine at once, so the device never idles between chunks
+MAX_STEPS_QUEUED = 8  # lockstep steps outstanding before `rate_limited`
+
+
+class SessionStatus(enum.IntEnum):
+    """Where a session is in its life. Values >= CLOSED are finished."""
+
+    OPENING = 0
+    ACTIVE = 1  # a client is attached
+    DETACHED = 2  # no client; the world waits for a resume until the detach TTL
+    CLOSED = 10  # the client closed it
+    EXPIRED = 11  # detached past the TTL
+    DONE = 12  # a one-shot run finished
+    FAILED = 13  # the engine failed
+    SHUTDOWN = 14  # the server stopped
+
+    @property
+    def is_finished(self) -> bool:
+        """True for every terminal status."""
+        return self >= SessionStatus.CLOSED
+
+
+# The `closed.reason` a client sees for each terminal status.
+FINISHED_REASON = {
+    SessionStatus.CLOSED: "closed",
+    SessionStatus.EXPIRED: "expired",
+    SessionStatus.DONE: "done",
+    SessionStatus.FAILED: "error",
+    SessionStatus.SHUTDOWN: "shutdown",
+}
+
+
+@dataclass
+class _Pending:
+    """A chunk request this session has in the engine."""
+
+    kind: Literal["realtime", "step", "prefill"]
+    seq: int | None  # client seq of the step (lockstep) or None
+    source: ChunkSource | None  # realtime action source (knows the action seq applied)
+    epoch: int  # the session's reset count when submitted; older epochs' chunks are ignored
+
+
+@dataclass
+class _Totals:
+    """Per-stage milliseconds summed over a session's chunks (for one-shot `done`)."""
+
+    ms: dict[str, float] = field(default_factory=dict)
+
+    def add(self, timings: dict[str, float]) -> None:
+        for k, v in timings.items():
+            self.ms[k] = round(self.ms.get(k, 0.0) + v, 3)
+
+
+class Session:
+    """One client's world. Created by `SessionManager`; mutate only through its methods."""
+
+    def __init__(
+        self,
+        engine: EngineThread,
+        session_id: str,
+        resume_token: str,
+        spec: ModelSpec,
+        mode: Mode,
+        max_ahead: int,
+        cond: Conditioning,
+    ) -> None:
+        self._et = engine
+        self.id = session_id
+        self.resume_token = resume_token
+        self.spec = spec
+        self.mode: Mode = mode
+        self.max_ahead = max_ahead
+        self.cond = cond  # what the current world started from (reset may change seed)
+        self.status = SessionStatus.OPENING
+        self.paused = False
+        self.detached_at: float | None = None
+        self.buffer = ActionBuffer()
+        self.last_chunk = 0  # last committed chunk number (session numbering)
+        self.acked = 0  # highest chunk the client acked
+        self.frames_out = 0  # frames committed so far (frame0 of the next chunk)
+        self._chunk_base = 0  # session chunk = base + engine chunk (resets restart the engine count)
+        self._frame_base = 0
+        self._epoch = 0
+        self._pending: dict[int, _Pending] = {}
+        self._cancel_seqs: list[int] = []  # cancels waiting for their in-flight chunk to roll back
+        self._retained: deque[FramesEvent] = deque(maxlen=max(max_ahead, 1) + PIPELINE)
+        self._sink: Sink | None = None
+        self._events: list[tuple[float, str]] = []  # lifecycle events, drained by take_events()
+        self.totals = _Totals()
+        self.on_finished: Callable[[Session], None] | None = None  # set by the manager
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def _set_status(self, status: SessionStatus) -> None:
+        if status == self.status:
+            return
+        log.debug("= session %s: %s -> %s", self.id, self.status.name, status.name)
+        self.record_event(f"{self.status.name}->{status.name}")
+        self.status = status
+
+    def record_event(self, what: str) -> None:
+        """Note a lifecycle event (bounded: the newest 64 are kept)."""
+        self._events.append((time.time(), what))
+        del self._events[:-64]
+
+    def take_events(self) -> list[tuple[float, str]]:
+        """Drain recorded lifecycle events."""
+        events, self._events = self._events, []
+        return events
+
+    def _check_live(self) -> None:
+        if self.status.is_finished:
+            raise SessionError(f"session {self.id} is {self.status.name.lower()}")
+
+    @property
+    def outstanding(self) -> int:
+        """Chunks submitted and not yet resolved."""
+        return len(self._pending)
+
+    def activate(self, sink: Sink) -> list[FramesEvent]:
+        """Attach a client (open or resume). Returns unacked chunks to resend, oldest first."""
+        self._check_live()
+        self._sink = sink
+        self.detached_at = None
+        self._set_status(SessionStatus.ACTIVE)
+        resend = [
+            FramesEvent(**{**ev.__dict__, "resent": True}) for ev in self._retained if ev.chunk > self.acked
+        ]
+        if self.mode == "lockstep" and self.spec.image_start and self.last_chunk == 0 and not self._pending:
+            self._submit("prefill")
+        self._pump()
+        return resend
+
+    def detach(self) -> None:
+        """The client's socket went away: keep the world, stop generating."""
+        if self.status.is_finished:
+            return
+        self._sink = None
+        self.detached_at = time.monotonic()
+        self._set_status(SessionStatus.DETACHED)
+
+    def finish(self, status: SessionStatus) -> None:
+        """Mark finished (the manager frees the engine stream) and tell the client why."""
+        if self.status.is_finished:
+            return
+        self._set_status(status)
+        self._emit(ClosedEvent(FINISHED_REASON[status]))
+        self._sink = None
+        if self.on_finished is not None:
+            self.on_finished(self)
+
+    def _emit(self, event: SessionEvent) -> None:
+        if self._sink is not None:
+            self._sink(event)
+
+    # -- client input ---------------------------------------------------------------------------
+
+    def _validate(self, keys: Sequence[str], vector: Sequence[float] | None) -> None:
+        space = self.spec.action_space
+        unknown = space.unknown_keys(keys)
+        if unknown:
+            raise InvalidInput(f"unknown keys {unknown}; this model knows {list(space.keys)}", field="keys")
+        if vector is not None and len(vector) != space.vector_dim:
+            raise InvalidInput(
+                f"vector has length {len(vector)}, this model takes {space.vector_dim}", field="vector"
+            )
+
+    def act(
+        self, seq: int, keys: Sequence[str], mouse: tuple[float, float], vector: Sequence[float] | None
+    ) -> None:
+        """Realtime input; applied at the next chunk boundary."""
+        self._check_live()
+        if self.mode != "realtime":
+            raise InvalidInput(
+                "`action` is for realtime sessions; lockstep sessions send `step`", field="type"
+            )
+        self._validate(keys, vector)
+        self.buffer.push(
+            seq,
+            frozenset(keys),
+            (float(mouse[0]), float(mouse[1])),
+            None if vector is None else tuple(float(v) for v in vector),
+        )
+
+    def step(self, seq: int, actions: Sequence[FrameAction]) -> None:
+        """Lockstep: generate exactly one chunk with these actions (one per frame, or one for all)."""
+        self._check_live()
+        if self.mode != "lockstep":
+            raise InvalidInput(
+                "`step` is for lockstep sessions; realtime sessions send `action`", field="type"
+            )
+        for a in actions:
+            self._validate(sorted(a.keys), a.vector)
+        if sum(p.kind == "step" for p in self._pending.values()) >= MAX_STEPS_QUEUED:
+            raise RateLimited(f"{MAX_STEPS_QUEUED} steps already outstanding")
+        self._submit("step", seq=seq, actions=list(actions))
+
+    def ack(self, chunk: int) -> None:
+        """The client has shown `chunk`: release retained chunks and give a credit back."""
+        self._check_live()
+        if chunk > self.last_chunk:
+            raise InvalidInput(f"chunk {chunk} has not been sent (last is {self.last_chunk})", field="chunk")
+        if chunk > self.acked:
+            self.acked = chunk
+            while self._retained and self._retained[0].chunk <= chunk:
+                self._retained.popleft()
+        self._pump()
+
+    def pause(self) -> None:
+        """Stop starting realtime chunks (the one in flight still commits)."""
+        self._check_live()
+        self.paused = True
+
+    def resume(self) -> None:
+        """Start realtime chunks again."""
+        self._check_live()
+        self.paused = False
+        self._pump()
+
+    def cancel(self, seq: int) -> None:
+        """Abort every chunk in flight or queued; answered by `cancelled` once they rolled back."""
+        self._check_live()
+        if self._et.cancel_stream(self.id) == 0:
+            self._emit(CancelledEvent(seq, self.last_chunk + 1))
+        else:
+            self._cancel_seqs.append(seq)
+
+    async def reset(self, seq: int, cond: Conditioning) -> None:
+        """A fresh world in this session. Answered by `ready` naming the last old chunk."""
+        self._check_live()
+        self._epoch += 1
+        self._et.cancel_stream(self.id)
+        try:
+            await self._et.call(_reset, self._et, self.id, cond)
+        except (StreamNotFound, EngineDeadError) as exc:
+            raise SessionFailed(f"reset failed: {exc}") from exc
+        self.cond = cond
+        self._chunk_base = self.last_chunk
+        self._frame_base = self.frames_out
+        self.acked = self.last_chunk
+        self._retained.clear()
+        self.buffer.clear()
+        for s in self._cancel_seqs:
+            self._emit(CancelledEvent(s, self.last_chunk + 1))
+        self._cancel_seqs.clear()
+        self._emit(ReadyEvent(self.last_chunk))
+        if self.mode == "lockstep" and self.spec.image_start:
+            self._submit("prefill")
+        self._pump()
+
+    # -- engine traffic -------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Keep realtime chunks coming while allowed."""
+        if self.mode != "realtime" or self.status is not SessionStatus.ACTIVE or self.paused:
+            return
+        while (
+            len(self._pending) < PIPELINE
+            and len(self._pending) + self.last_chunk - self.acked < self.max_ahead
+        ):
+            self._submit("realtime")
+
+    def _submit(
+        self,
+        kind: Literal["realtime", "step", "prefill"],
+        seq: int | None = None,
+        actions: list[FrameAction] | None = None,
+    ) -> None:
+        rid = self._et.engine.new_request_id()
+        source = ChunkSource(self.buffer) if kind == "realtime" else None
+        request = ChunkRequest(self.id, rid, actions=actions, source=source, submitted_at=time.perf_counter())
+        try:
+            fut = self._et.submit(request)
+        except CapacityError as exc:
+            raise RateLimited(str(exc)) from exc
+        except EngineDeadError as exc:
+            self.finish(SessionStatus.FAILED)
+            raise SessionFailed(str(exc)) from exc
+        self._pending[rid] = _Pending(kind, seq, source, self._epoch)
+        fut.add_done_callback(lambda f, rid=rid: self._on_outcome(rid, f))
+
+    def _on_outcome(self, rid: int, fut: asyncio.Future[Outcome]) -> None:
+        entry = self._pending.pop(rid)
+        try:
+            outcome = fut.result()
+        except EngineDeadError as exc:
+            self._emit(ErrorEvent("internal", f"engine failed: {exc}", entry.seq, fatal=True))
+            self.finish(SessionStatus.FAILED)
+            return
+        except InvalidRequest as exc:
+            self._emit(ErrorEvent("invalid_field", f"{exc.field}: {exc}", entry.seq))
+            outcome = None
+        except CapacityError as exc:
+            self._emit(ErrorEvent("rate_limited", str(exc), entry.seq))
+            outcome = None
+        except StreamNotFound:
+            outcome = None  # the session closed while the chunk was queued
+        if outcome is not None and not self.status.is_finished and entry.epoch == self._epoch:
+            self._handle(outcome, entry)
+        if not self._pending and self._cancel_seqs:
+            # everything committed before the cancel landed: the next chunk is the one cancelled
+            for s in self._cancel_seqs:
+                self._emit(CancelledEvent(s, self.last_chunk + 1))
+            self._cancel_seqs.clear()
+        self._pump()
+
+    def _handle(self, outcome: Outcome, entry: _Pending) -> None:
+        if isinstance(outcome, ChunkCommitted):
+            action_seq = (
+                entry.source.seq if entry.source is not None else (entry.seq if entry.seq is not None else -1)
+            )
+            event = FramesEvent(
+                chunk=self._chunk_base + outcome.chunk,
+                frame0=self._frame_base + outcome.frame0,
+                frames=outcome.frames,
+                action_seq=action_seq,
+                timings=outcome.timings.as_dict(),
+            )
+            self.last_chunk = event.chunk
+            self.frames_out = event.frame0 + event.frames.shape[0]
+            self.totals.add(event.timings)
+            self._retained.append(event)
+            self._emit(event)
+        elif isinstance(outcome, ChunkCancelled):
+            if self._cancel_seqs:
+                for s in self._cancel_seqs:
+                    self._emit(CancelledEvent(s, self._chunk_base + outcome.chunk))
+                self._cancel_seqs.clear()
+        elif isinstance(outcome, ChunkFailed):
+            self._emit(
+                ErrorEvent(
+                    "internal",
+                    f"chunk {self._chunk_base + outcome.chunk} failed and was rolled back: {outcome.message}",
+                    entry.seq,
+                )
+            )
+
+
+def _reset(et: EngineThread, stream_id: str, cond: Conditioning) -> None:
+    """Engine-thread side of `Session.reset`."""
+    et.engine.reset_stream(stream_id, cond)
