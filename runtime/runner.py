@@ -14,9 +14,10 @@ retried one session at a time so that only the session that really fails gets a 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -52,6 +53,25 @@ class RunnerOutput:
     failed: list[tuple[Transaction, str]] = field(default_factory=list)  # rolled back after a model error
 
 
+@contextlib.contextmanager
+def _injected_fault(world: World, txn: Transaction | None) -> Iterator[None]:
+    """The `fail_at_chunk` debug hook: the model raises from inside its middle block (once)."""
+    if txn is None:
+        yield
+        return
+    txn.stream.fault_fired = True
+
+    def hook(module: torch.nn.Module, args: tuple) -> None:
+        raise InjectedFault(txn.stream.stream_id, txn.chunk)
+
+    blocks = world.transformer.blocks
+    handle = blocks[len(blocks) // 2].register_forward_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def is_fatal(exc: BaseException) -> bool:
     """Errors after which the device cannot be trusted (CUDA context lost): the engine dies."""
     text = str(exc)
@@ -75,16 +95,6 @@ class Runner:
             name: KVLayout(w.transformer.cfg.sink_frames, w.transformer.cfg.window_frames, w.tokens_per_frame)
             for name, w in worlds.items()
         }
-        self._armed: tuple[str, int] | None = None  # (stream, chunk) the fault hook raises for
-        for w in worlds.values():
-            mid = w.transformer.blocks[len(w.transformer.blocks) // 2]
-            mid.register_forward_pre_hook(self._fault_hook)
-
-    def _fault_hook(self, module: torch.nn.Module, args: tuple) -> None:
-        if self._armed is not None:
-            stream_id, chunk = self._armed
-            self._armed = None
-            raise InjectedFault(stream_id, chunk)
 
     # -- execution ------------------------------------------------------------------------------
 
@@ -121,7 +131,6 @@ class Runner:
         try:
             self._transact(world, self.layouts[model_id], chunks[0], txns, out)
         except Exception as exc:
-            self._armed = None
             if is_fatal(exc):
                 raise
             still_open = [(sc, t) for sc, t in zip(chunks, txns, strict=True) if t.status is TxnStatus.OPEN]
@@ -201,10 +210,8 @@ class Runner:
                 armed = [
                     t for t in txns if t.stream.debug.fail_at_chunk == t.chunk and not t.stream.fault_fired
                 ]
-                if armed and k == 0:
-                    armed[0].stream.fault_fired = True
-                    self._armed = (armed[0].stream.stream_id, armed[0].chunk)
-                pred = world.denoise(x, tk, [t.stream.state for t in txns], slots, acts)
+                with _injected_fault(world, armed[0] if armed and k == 0 else None):
+                    pred = world.denoise(x, tk, [t.stream.state for t in txns], slots, acts)
                 x0 = sched.to_x0(pred, x, sg)
                 if k + 1 < len(steps):
                     nz = torch.stack([world.noise(t.stream.state.seed, t.chunk, k + 1, n) for t in txns])
