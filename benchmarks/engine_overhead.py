@@ -121,7 +121,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         "overhead_ms_median": round((s - b) * 1000, 3),
         "target_overhead": 0.10,
         "kv_bytes_per_session": {
-            "formula": "layers x (sink+window) frames x tokens/frame x dim x 2 (K,V) x itemsize (+ action layers)",
+            "formula": "layers x (sink+window) frames x tokens/frame x dim x 2 (K,V) x itemsize"
+            " (+ the action layers' temporal K/V)",
             "formula_main": kv_formula(cfg.num_layers, frames, world.tokens_per_frame, cfg.dim, itemsize),
             "formula_total": world.kv_bytes_per_session(),
             "measured": measured,

@@ -33,7 +33,7 @@ from runtime.engine import EngineThread
 from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
 from runtime.requests import ChunkCancelled, ChunkCommitted, ChunkFailed, ChunkRequest, Outcome
 from sessions.actions import ActionBuffer, ChunkSource
-from sessions.errors import InvalidInput, RateLimited, SessionError, SessionFailed
+from sessions.errors import InvalidInput, RateLimited, SessionFailed, SessionNotFound
 from sessions.events import (
     CancelledEvent,
     ClosedEvent,
@@ -133,7 +133,10 @@ class Session:
         self._epoch = 0
         self._pending: dict[int, _Pending] = {}
         self._cancel_seqs: list[int] = []  # cancels waiting for their in-flight chunk to roll back
-        self._retained: deque[FramesEvent] = deque(maxlen=max(max_ahead, 1) + PIPELINE)
+        # Unacked chunks kept for a resume. Realtime never has more than max_ahead unacked; in
+        # lockstep at most MAX_STEPS_QUEUED chunks can commit while nobody listens, so those are
+        # always kept, and older unacked ones (already delivered) go first.
+        self._retained: deque[FramesEvent] = deque(maxlen=max(max_ahead, MAX_STEPS_QUEUED) + PIPELINE)
         self._sink: Sink | None = None
         self._events: list[tuple[float, str]] = []  # lifecycle events, drained by take_events()
         self.totals = _Totals()
@@ -160,7 +163,7 @@ class Session:
 
     def _check_live(self) -> None:
         if self.status.is_finished:
-            raise SessionError(f"session {self.id} is {self.status.name.lower()}")
+            raise SessionNotFound(f"session {self.id} is {self.status.name.lower()}")
 
     @property
     def outstanding(self) -> int:

@@ -7,6 +7,8 @@
       that the server sends back in an ``error`` message
     * :exc:`ServerError` — the peer sent an ``error`` message (raised by clients such as the
       SDK); carries the same fields as the wire message
+    * :exc:`SessionClosed` — the session ended (``closed``) or its socket dropped (SDK)
+    * :exc:`StepCancelled` — a lockstep step was rolled back by a ``cancel`` (SDK)
     * :exc:`MediaError` — a frame encoder or decoder failed, or was handed frames it cannot take
 
 The protocol names its error codes (``error.code``) and, for fatal errors, the websocket close
@@ -21,6 +23,8 @@ __all__ = [
     "MediaError",
     "ProtocolError",
     "ServerError",
+    "SessionClosed",
+    "StepCancelled",
     "WebError",
     "close_code",
 ]
@@ -111,6 +115,18 @@ class ServerError(WebError):
 
     def __str__(self) -> str:
         return f"{self.code.value}: {self.message}"
+
+
+class SessionClosed(WebError):
+    """The server ended the session (``closed``) or the socket dropped; ``reason`` says which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"session closed: {reason}")
+        self.reason = reason  # `closed.reason` ("closed", "done", "expired", ...) or why the socket went
+
+
+class StepCancelled(WebError):
+    """A lockstep ``step`` was rolled back by a ``cancel`` before it committed."""
 
 
 class MediaError(WebError):

@@ -114,7 +114,8 @@ def test_resume_after_detach_loses_and_repeats_nothing(worlds):
             await first.wait_for(FramesEvent, 1)
             s.ack(1)  # the client showed chunk 1, then lost its socket
             s.detach()
-            await asyncio.sleep(0.5)  # chunks 2 and 3 commit while nobody listens
+            while s.outstanding:  # chunks 2 and 3 commit while nobody listens
+                await asyncio.sleep(0.02)
             assert m.by_token(s.resume_token) is s and s.status is SessionStatus.DETACHED
             second = Inbox()
             resent = s.activate(second)
@@ -239,5 +240,24 @@ def test_step_with_the_wrong_action_count_reports_invalid_field(worlds):
             await inbox.wait_for(FramesEvent, 1)
             await m.close(s)
             assert isinstance(inbox.events[-1], ClosedEvent) and inbox.events[-1].reason == "closed"
+
+    run(main())
+
+
+def test_lockstep_chunks_committed_while_detached_are_all_resent(worlds):
+    async def main():
+        async with running(worlds) as m:
+            s = await m.open(OpenParams(seed=1, mode="lockstep"))
+            s.activate(Inbox())
+            for i in range(7):
+                s.step(i, W)
+            s.detach()  # nothing acked, nothing delivered
+            while s.outstanding:
+                await asyncio.sleep(0.02)
+            resent = s.activate(Inbox())
+            assert [e.chunk for e in resent] == [1, 2, 3, 4, 5, 6, 7] and all(e.resent for e in resent)
+            await m.close(s)
+            with pytest.raises(SessionNotFound):
+                s.ack(1)
 
     run(main())

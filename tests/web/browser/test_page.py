@@ -1,0 +1,202 @@
+"""The page at `/` in headless Chromium: it plays, takes input, pauses, resets, forks, survives a
+dropped socket and decodes both H.264 (WebCodecs) and JPEG. Mirrors web/static/main.js."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.web.browser.harness import ClientPage, DropProxy, blank
+
+pytestmark = pytest.mark.browser
+
+OpenPage = Callable[..., ClientPage]
+PLAYING = "s.status === 'playing'"
+
+
+def h264_problem(page: ClientPage) -> str | None:
+    """Why this Chromium cannot decode the H.264 the server sends, or None when it can."""
+    return page.page.evaluate(
+        "async () => (await import('/decoders.js')).h264Problem(window.__worldserve.codecString || undefined)"
+    )
+
+
+def test_autostart_plays_and_draws(open_page: OpenPage) -> None:
+    page = open_page("?autostart=1&codec=jpeg&seed=1")
+    s = page.wait(f"{PLAYING} && s.chunksShown >= 3")
+    assert s["codec"] == "jpeg" and s["model"] == "smooth" and s["fallback"] is None
+    assert not blank(page.pixels()), "the canvas is blank"
+    page.wait("s.fps > 0")
+    assert "playing" in page.hud("status")
+    assert "JPEG" in page.hud("codec")
+    assert "denoise" in page.hud("timings")
+    page.screenshot()
+    assert page.console == []
+
+
+def test_holding_d_advances_actions_and_changes_the_picture(open_page: OpenPage) -> None:
+    page = open_page("?autostart=1&codec=jpeg")
+    before = page.wait(f"{PLAYING} && s.chunksShown >= 2")
+    picture = page.pixels()
+    page.page.keyboard.down("d")
+    pressed = page.state()["lastActionSeq"]  # the action sent for the key press
+    assert pressed > before["lastActionSeq"]
+    page.run_for(1.0)
+    held = page.state()
+    page.page.keyboard.up("d")
+    # actions repeat while the key is held (every 50 ms), not just on the press
+    assert held["lastActionSeq"] >= pressed + 5, held
+    s = page.wait(f"s.lastAppliedSeq !== null && s.lastAppliedSeq >= {pressed}")
+    assert s["latencyMs"] is not None and s["latencyMs"] > 0
+    assert page.pixels() != picture, "the picture did not change"
+    assert "ms" in page.hud("latency")
+    page.screenshot()
+
+
+def test_pause_stops_chunks_and_resume_restarts_them(open_page: OpenPage) -> None:
+    page = open_page("?autostart=1&codec=jpeg")
+    page.wait(f"{PLAYING} && s.chunksShown >= 2")
+    page.page.click("#pause")
+    page.wait("s.status === 'paused'")
+    page.run_for(1.0)  # a chunk in flight at the pause still arrives
+    paused = page.state()
+    page.run_for(1.0)
+    later = page.state()
+    assert later["chunksShown"] == paused["chunksShown"], "chunks were shown while paused"
+    assert later["chunkReceived"] == paused["chunkReceived"], "chunks were generated while paused"
+    assert page.page.inner_text("#pause") == "Resume"
+    page.screenshot("paused")
+    page.page.click("#pause")
+    page.wait(f"{PLAYING} && s.chunksShown >= {later['chunksShown'] + 3}")
+
+
+def test_cancel_is_answered(open_page: OpenPage) -> None:
+    page = open_page("?autostart=1&codec=jpeg")
+    page.wait(f"{PLAYING} && s.chunksShown >= 1")
+    page.page.click("#cancel")
+    s = page.wait("s.cancels === 1")
+    assert s["errors"] == []
+    page.wait(f"s.chunksShown >= {s['chunksShown'] + 2}")  # and the world goes on
+
+
+def test_reset_gives_a_new_world(open_page: OpenPage) -> None:
+    page = open_page("?autostart=1&codec=jpeg&seed=5")
+    s = page.wait(f"{PLAYING} && s.chunksShown >= 3 && s.worlds === 1")
+    page.page.fill("#seed", "6")
+    page.page.click("#reset")
+    s = page.wait("s.worlds === 2")
+    reset_at = s["chunkReceived"]
+    s = page.wait(f"s.chunk > {reset_at} + 1")
+    assert s["sessionId"] and s["errors"] == []
+    assert not blank(page.pixels())
+    page.screenshot()
+
+
+@pytest.mark.parametrize("codec", ["h264", "raw"])
+def test_codec_renders(open_page: OpenPage, codec: str) -> None:
+    page = open_page(f"?autostart=1&codec={codec}")
+    s = page.wait(f"{PLAYING} && s.chunksShown >= 3")
+    problem = h264_problem(page) if codec == "h264" else None
+    if problem is None:
+        assert s["codec"] == codec and s["fallback"] is None, s
+        if codec == "h264":
+            assert s["codecString"].startswith("avc1."), s
+            assert "H.264" in page.hud("codec") and "WebCodecs" in page.hud("codec")
+    else:  # this Chromium has no H.264: the page must say so and play JPEG
+        assert s["codec"] == "jpeg" and s["fallback"], s
+        assert "fallback" in page.hud("codec")
+    page.wait(f"s.framesShown >= {s['framesShown'] + 4}")
+    assert not blank(page.pixels())
+    assert s["skipped"] == 0, s
+    page.screenshot()
+    assert page.console == []
+
+
+def test_h264_falls_back_to_jpeg_without_webcodecs(open_page: OpenPage, browser: object) -> None:
+    page = open_page()
+    page.page.add_init_script("delete window.VideoDecoder;")  # as in a browser without WebCodecs
+    page.page.goto(page.page.url.rstrip("/") + "/?autostart=1&codec=h264")
+    s = page.wait(f"{PLAYING} && s.chunksShown >= 2")
+    assert s["codec"] == "jpeg" and "WebCodecs" in s["fallback"], s
+    assert "fallback" in page.hud("codec")
+    assert page.page.is_visible("#banner")
+    assert "JPEG" in page.page.inner_text("#banner")
+    assert not blank(page.pixels())
+    page.screenshot()
+
+
+def test_reconnects_after_a_dropped_socket(open_page: OpenPage, proxy: DropProxy) -> None:
+    page = open_page("?autostart=1&codec=h264", base=proxy.url)
+    before = page.wait(f"{PLAYING} && s.chunksShown >= 3")
+    assert proxy.drop() > 0
+    s = page.wait(f"{PLAYING} && s.reconnects === 1 && s.chunksShown >= {before['chunksShown'] + 4}")
+    assert s["sessionId"] == before["sessionId"] and s["resumeToken"] == before["resumeToken"]
+    # every chunk shown once, none lost: the server re-sent what was unacked, the page deduplicated
+    assert s["chunksShown"] == s["chunk"] and s["gaps"] == 0, s
+    assert s["skipped"] == 0, s  # H.264 restarted cleanly at the new socket's keyframe
+    assert s["errors"] == []
+    assert not blank(page.pixels())
+    page.screenshot()
+
+
+def test_fork_opens_in_a_new_tab(open_page: OpenPage) -> None:
+    page = open_page("?autostart=1&codec=jpeg")
+    s = page.wait(f"{PLAYING} && s.chunksShown >= 2")
+    with page.page.context.expect_page() as popup:
+        page.page.click("#fork")
+    fork = ClientPage(popup.value, page.name + "-fork")
+    fork.page.wait_for_url("**/?resume=*")
+    f = fork.wait(f"{PLAYING} && s.chunksShown >= 2")
+    assert f["sessionId"] != s["sessionId"]
+    assert f["resumeToken"] in page.state()["forks"]
+    assert f["chunk"] > s["chunk"] - 1  # the copy goes on from the source's position
+    fork.screenshot()
+
+
+def test_server_errors_are_shown_in_words(open_page: OpenPage) -> None:
+    page = open_page("?autostart=1&codec=jpeg&model=no-such-world")
+    s = page.wait("s.errors.length > 0 && (s.status === 'closed' || s.status === 'failed')")
+    (error,) = s["errors"]
+    assert error["code"] == "not_found" and error["fatal"]
+    assert "does not exist" in error["text"]
+    assert page.page.is_visible("#banner")
+    assert "does not exist" in page.page.inner_text("#banner")
+    page.screenshot()
+
+
+def test_models_picker_lists_the_server_models(open_page: OpenPage) -> None:
+    page = open_page()
+    page.page.wait_for_selector("#model option", state="attached")
+    options = page.page.eval_on_selector_all("#model option", "os => os.map(o => o.value)")
+    assert sorted(options) == ["smooth", "tiny", "tiny-image"]
+    assert page.page.input_value("#model") == "smooth"  # the server's default
+    assert page.page.is_visible("#overlay")  # no autostart: waits for a click
+    assert page.state()["status"] == "idle"
+    page.page.select_option("#model", "tiny-image")
+    page.page.click("#overlay")
+    s = page.wait(f"{PLAYING} && s.chunksShown >= 3")
+    assert s["model"] == "tiny-image"  # image-started: chunk 1 is one frame
+
+
+def test_mouse_moves_are_sent_under_pointer_lock(open_page: OpenPage) -> None:
+    page = open_page("?autostart=1&codec=jpeg")
+    page.wait(f"{PLAYING} && s.chunksShown >= 1")
+    page.page.click("#screen")  # the model takes the mouse: a click locks the pointer
+    page.page.wait_for_function("() => document.pointerLockElement === document.getElementById('screen')")
+    page.page.mouse.move(400, 300, steps=5)
+    page.page.mouse.move(420, 340, steps=5)
+    s = page.wait("s.mouseSent > 0")
+    assert s["errors"] == []
+
+
+def test_codec_can_be_switched_while_playing(open_page: OpenPage) -> None:
+    page = open_page("?autostart=1&codec=jpeg")
+    s = page.wait(f"{PLAYING} && s.chunksShown >= 2")
+    want = "h264" if h264_problem(page) is None else "raw"
+    page.page.select_option("#codec", want)  # the session goes on over a new socket in that codec
+    s = page.wait(f"{PLAYING} && s.codec === '{want}' && s.chunksShown >= {s['chunksShown'] + 3}")
+    page.page.select_option("#codec", "jpeg")
+    s = page.wait(f"{PLAYING} && s.codec === 'jpeg' && s.chunksShown >= {s['chunksShown'] + 3}")
+    assert s["chunksShown"] == s["chunk"] and s["gaps"] == 0 and s["skipped"] == 0, s
+    assert s["worlds"] == 1 and s["errors"] == []

@@ -1,0 +1,71 @@
+"""App wiring: worlds loaded by name, and the engine thread + session manager that serve them.
+
+The websocket server and the CLI's in-process ``generate`` both run on a :class:`Runtime`, so a
+one-shot from the command line goes through exactly the loop a client's session does.
+"""
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from models import registry
+from models.world import World
+from runtime.engine import Engine, EngineThread
+from sessions.manager import SessionManager
+
+__all__ = ["DTYPES", "Runtime", "load_worlds"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_worlds(names: Iterable[str], device: str = "cpu", dtype: str = "float32") -> dict[str, World]:
+    """Worlds by their spec id, from registry names or local model directories (never a hub)."""
+    worlds: dict[str, World] = {}
+    for name in names:
+        world = registry.from_name(name, device=device, dtype=DTYPES[dtype])
+        worlds[world.spec.id] = world
+    return worlds
+
+
+@dataclass
+class Runtime:
+    """An engine thread and the session manager on top of it, bound to the running event loop."""
+
+    engine_thread: EngineThread
+    manager: SessionManager
+
+    @classmethod
+    def start(
+        cls,
+        worlds: Mapping[str, World],
+        *,
+        default_model: str | None = None,
+        max_batch: int = 4,
+        max_sessions: int = 16,
+        detach_ttl_s: float = 60.0,
+        debug_hooks: bool = False,
+    ) -> "Runtime":
+        """Start the engine thread on the running loop; ``default_model`` None = the first world."""
+        if not worlds:
+            raise ValueError("no worlds to serve")
+        default = default_model or next(iter(worlds))
+        if default not in worlds:
+            raise ValueError(f"default model {default!r} is not loaded; loaded: {sorted(worlds)}")
+        engine = Engine(dict(worlds), max_batch=max_batch, max_streams=max_sessions)
+        engine_thread = EngineThread(engine, asyncio.get_running_loop())
+        engine_thread.start()
+        manager = SessionManager(
+            engine_thread,
+            default_model=default,
+            max_sessions=max_sessions,
+            detach_ttl_s=detach_ttl_s,
+            allow_debug_hooks=debug_hooks,
+        )
+        return cls(engine_thread, manager)
+
+    async def stop(self) -> None:
+        """Close every session, then stop the engine thread (joined off the event loop)."""
+        await self.manager.shutdown()
+        await asyncio.get_running_loop().run_in_executor(None, self.engine_thread.stop)

@@ -1,0 +1,256 @@
+"""The ``worldserve`` command.
+
+    worldserve serve    [--host 127.0.0.1] [--port 8000] [--model NAME]... [--device cpu] [...]
+    worldserve generate [--model NAME] [--seed 0] [--chunks N] [--actions "d*16,a*16"] --out run.mp4
+    worldserve models
+
+``serve`` loads the worlds (registry names or local model directories; the default is the
+registry's ``DEFAULT_MODEL``), starts the engine, the sessions and the websocket/HTTP endpoint,
+and prints the URL to open. ``generate`` runs a one-shot in-process through the same engine and
+``SessionManager.generate`` and writes an MP4. ``models`` lists the registered worlds.
+"""
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from models import registry
+from models.actions import FrameAction
+from models.game import parse_action_script
+from models.world import World
+from sessions.events import FramesEvent, SessionEvent
+from sessions.manager import OpenParams
+from web.app import DTYPES, Runtime, load_worlds
+from web.server import Server, ServerConfig
+from web.video import Mp4Writer
+
+__all__ = ["main", "script_actions"]
+
+log = logging.getLogger("worldserve")
+TOKEN_ENV = "WORLDSERVE_TOKEN"
+DEFAULT_CHUNKS = 8  # `generate` without --chunks or --actions
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``worldserve`` script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    return args.run(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="worldserve", description="Interactive world-model session server.")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="serve worlds over websocket protocol v1")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
+    serve.add_argument(
+        "--port", type=int, default=8000, help="port; 0 picks a free one (default: %(default)s)"
+    )
+    _model_args(serve, repeatable=True)
+    serve.add_argument("--max-sessions", type=int, default=16, help="live sessions (default: %(default)s)")
+    serve.add_argument(
+        "--max-batch", type=int, default=4, help="sessions per engine step (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--detach-ttl",
+        type=float,
+        default=60.0,
+        help="seconds a dropped session waits (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--token", default=None, help=f"require this token in open/generate (or env {TOKEN_ENV})"
+    )
+    serve.add_argument("--debug-hooks", action="store_true", help="accept open.debug (tests only)")
+    serve.set_defaults(run=_serve)
+
+    generate = commands.add_parser("generate", help="one-shot: run a world in-process, write an MP4")
+    _model_args(generate, repeatable=False)
+    generate.add_argument("--seed", type=int, default=0, help="world seed (default: %(default)s)")
+    generate.add_argument(
+        "--chunks",
+        type=int,
+        default=None,
+        help=f"chunks to run (default: cover --actions, or {DEFAULT_CHUNKS})",
+    )
+    generate.add_argument(
+        "--actions",
+        default="",
+        help='per-frame action script, e.g. "d*16,a*16,w+d*8,,space" (models.game syntax)',
+    )
+    generate.add_argument(
+        "--out", type=Path, default=Path("worldserve.mp4"), help="MP4 path (default: %(default)s)"
+    )
+    generate.set_defaults(run=_generate)
+
+    models = commands.add_parser("models", help="list the registered worlds")
+    models.set_defaults(run=_models)
+    return parser
+
+
+def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
+    parser.add_argument(
+        "--model",
+        action="append" if repeatable else "store",
+        default=None,
+        help="registry name or local model directory"
+        + (" (repeatable; the first is the default)" if repeatable else "")
+        + f" (default: {registry.DEFAULT_MODEL})",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="(default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+
+
+def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World] | None:
+    try:
+        return load_worlds(names, args.device, args.dtype)
+    except (KeyError, OSError, ValueError) as exc:
+        print(f"worldserve: cannot load {', '.join(names)}: {exc}", file=sys.stderr)
+        print(
+            f"worldserve: registered worlds: {', '.join(registry.list_models())} (or a model directory)",
+            file=sys.stderr,
+        )
+        return None
+
+
+# -- serve --------------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    worlds = _load(args.model or [registry.DEFAULT_MODEL], args)
+    if worlds is None:
+        return 2
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        token=args.token or os.environ.get(TOKEN_ENV) or None,
+        debug_hooks=args.debug_hooks,
+        default_model=next(iter(worlds)),
+        max_sessions=args.max_sessions,
+        detach_ttl_s=args.detach_ttl,
+        max_batch=args.max_batch,
+    )
+    asyncio.run(_serve_until_signalled(Server(worlds, config)))
+    return 0
+
+
+async def _serve_until_signalled(server: Server) -> None:
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"worldserve: serving {', '.join(server.worlds)}; open {server.url}", flush=True)
+    print(f"worldserve: sessions at {server.ws_url} (protocol v1); Ctrl-C stops", flush=True)
+    await stop.wait()
+    await server.stop()
+
+
+# -- generate -----------------------------------------------------------------------------------
+
+
+def script_actions(world: World, script: str, chunks: int | None) -> list[list[FrameAction]]:
+    """One action list per scripted chunk from a per-frame action script (models.game syntax).
+
+    Each chunk takes as many script frames as it has video frames (image-started worlds first
+    show their start image, which takes none); a chunk the script ends inside is padded with idle
+    frames, and chunks past the script's end get no input. ``chunks`` None: just enough chunks
+    to cover the script (8 without one).
+    """
+    frames = parse_action_script(script)
+    first = 1 if world.config.image_start else 0  # latent frames before the first scripted chunk
+    n = world.chunk_frames
+
+    def count(i: int) -> int:
+        return world.layout.video_frames(first + i * n, n)
+
+    if chunks is None:
+        chunks, covered = (0, 0) if frames else (DEFAULT_CHUNKS, 0)
+        while covered < len(frames):
+            covered += count(chunks)
+            chunks += 1
+    out: list[list[FrameAction]] = []
+    start = 0
+    for i in range(chunks):
+        part = frames[start : start + count(i)]
+        start += count(i)
+        if not part:
+            break
+        out.append([FrameAction(keys) for keys in part] + [FrameAction()] * (count(i) - len(part)))
+    return out + [[]] * (chunks - len(out))
+
+
+def _generate(args: argparse.Namespace) -> int:
+    name = args.model or registry.DEFAULT_MODEL
+    worlds = _load([name], args)
+    if worlds is None:
+        return 2
+    (world,) = worlds.values()
+    try:
+        actions = script_actions(world, args.actions, args.chunks)
+    except ValueError as exc:
+        print(f"worldserve: --actions: {exc}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    written = asyncio.run(_run_oneshot(worlds, world, args.seed, actions, args.out))
+    spec = world.spec
+    print(
+        f"worldserve: wrote {written} frames ({written / spec.fps:.1f} s at {spec.fps:g} fps, "
+        f"{spec.width}x{spec.height}) to {args.out} in {time.perf_counter() - started:.1f} s"
+    )
+    return 0
+
+
+async def _run_oneshot(
+    worlds: dict[str, World], world: World, seed: int, actions: list[list[FrameAction]], out: Path
+) -> int:
+    spec = world.spec
+    runtime = Runtime.start(worlds)
+    writer = Mp4Writer(out, spec.width, spec.height, spec.fps)
+    disk = ThreadPoolExecutor(1, thread_name_prefix="worldserve-mp4")  # one thread: chunks stay in order
+    bar = tqdm(total=len(actions) + (1 if spec.image_start else 0), unit="chunk", desc=spec.id)
+    loop = asyncio.get_running_loop()
+    writes: list[asyncio.Future[None]] = []
+
+    def sink(event: SessionEvent) -> None:
+        if isinstance(event, FramesEvent):
+            writes.append(loop.run_in_executor(disk, writer.write, event.frames))
+            bar.update(1)
+
+    try:
+        params = OpenParams(model=spec.id, seed=seed)
+        await runtime.manager.generate(params, actions, len(actions), sink)
+        await asyncio.gather(*writes)
+    finally:
+        bar.close()
+        await loop.run_in_executor(disk, writer.close)
+        disk.shutdown()
+        await runtime.stop()
+    return writer.frames
+
+
+# -- models -------------------------------------------------------------------------------------
+
+
+def _models(args: argparse.Namespace) -> int:
+    for name in registry.list_models():
+        print(f"{name}{'  (default)' if name == registry.DEFAULT_MODEL else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,393 @@
+"""One websocket connection speaking protocol v1: read, parse, dispatch, reply.
+
+A connection holds at most one session (opened here, or attached with ``?resume=TOKEN``) or one
+one-shot run. It has three tasks: the handler's own loop reads and dispatches client messages in
+order; the pipeline task turns replies and session events into bytes (encoding off the loop); the
+writer task sends the outbox. Errors: every ``ProtocolError`` (parsing) and ``SessionError``
+(session layer) becomes an ``error`` message; a fatal one ends the session and closes the socket
+with the error's close code (:meth:`Connection.fail`). Nothing a client sends can raise out of
+:meth:`Connection.run`.
+"""
+
+import asyncio
+import logging
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
+
+from models.world import ModelSpec
+from sessions.errors import SessionError
+from sessions.events import ClosedEvent, ErrorEvent, SessionEvent
+from sessions.session import Session, SessionStatus
+from web import codec, convert, metrics
+from web import messages as m
+from web.encoders import FrameEncoder, make_encoder
+from web.errors import ErrorCode, MediaError, ProtocolError
+from web.hub import Hub
+from web.outbox import Outbox, OutboxOverflow
+from web.pipeline import CloseRequest, Pipeline
+from web.ratelimit import TokenBucket
+
+__all__ = ["Connection"]
+
+log = logging.getLogger(__name__)
+
+CODECS: tuple[m.Codec, ...] = ("h264", "jpeg", "raw")
+# Failures of `open`/`generate` that leave the client nothing to do on this socket.
+OPEN_FATAL = frozenset({ErrorCode.BUSY, ErrorCode.NOT_FOUND, ErrorCode.UNAUTHORIZED, ErrorCode.INTERNAL})
+FLUSH_TIMEOUT_S = 10.0  # how long a closing connection waits for its outbox to drain
+
+
+class Connection:
+    """The server side of one websocket (see the module docstring)."""
+
+    def __init__(self, ws: ServerConnection, hub: Hub) -> None:
+        self.ws = ws
+        self.hub = hub
+        self.manager = hub.manager
+        self.session: Session | None = None  # the attached session
+        self.oneshot: asyncio.Task[None] | None = None  # the running `generate`
+        self.closing = False  # a close is queued; stop reading
+        self.debug = log.isEnabledFor(logging.DEBUG)
+        self._wake = asyncio.Event()  # the outbox has items
+        self.outbox = Outbox(max_chunks=hub.config.outbox_chunks, on_ready=self._wake.set)
+        self.pipeline = Pipeline(self.outbox, hub.pool)
+        self.bucket = TokenBucket(hub.config.rate, hub.config.burst)
+        self._closer: asyncio.Task[None] | None = None  # closes the socket when the pipeline failed
+        self._handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
+            "open": self._open,
+            "generate": self._generate,
+            "action": self._action,
+            "step": self._step,
+            "cancel": self._cancel,
+            "pause": self._pause,
+            "resume": self._resume,
+            "reset": self._reset,
+            "fork": self._fork,
+            "ack": self._ack,
+            "ping": self._ping,
+            "close": self._close,
+        }
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the connection until the socket closes."""
+        metrics.CONNECTIONS.inc()
+        metrics.CONNECTIONS_TOTAL.inc()
+        sock = self.ws.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.hub.config.send_buffer)
+        writer = asyncio.create_task(self._write(), name="ws-writer")
+        pump = asyncio.create_task(self.pipeline.run(), name="ws-pipeline")
+        pump.add_done_callback(self._pipeline_done)
+        try:
+            await self._guard(self._attach_from_query, None)
+            if self.closing:
+                await asyncio.wait_for(asyncio.shield(writer), FLUSH_TIMEOUT_S)
+                return
+            async for data in self.ws:
+                await self._receive(data)
+                if self.closing:
+                    break
+            if self.closing:
+                await asyncio.wait_for(asyncio.shield(writer), FLUSH_TIMEOUT_S)
+        except (ConnectionClosed, TimeoutError):
+            pass
+        finally:
+            self._leave()
+            pump.cancel()
+            writer.cancel()
+            metrics.CONNECTIONS.dec()
+
+    def evict(self) -> None:
+        """Another connection resumed our session: let go of it and close this socket."""
+        if self.debug:
+            log.debug("= %s: session attached elsewhere", self.ws.id)
+        self.session = None
+        self.closing = True
+        self.pipeline.put(CloseRequest(1000, "session resumed on another connection"))
+
+    def fail(self, error: ProtocolError) -> None:
+        """Send ``error``; a fatal one ends the session and closes the socket with its close code."""
+        self.pipeline.put(m.Error.from_exception(error))
+        if not error.fatal or self.closing:
+            return
+        self.closing = True
+        if self.oneshot is not None:
+            self.oneshot.cancel()
+        session, self.session = self.session, None
+        if session is not None and self.hub.owns(session, self):
+            self.hub.release(session, self)
+            if not session.status.is_finished:
+                status = SessionStatus.FAILED if error.code is ErrorCode.INTERNAL else SessionStatus.CLOSED
+                session.finish(status)  # its ClosedEvent reaches the pipeline: `closed`, then the close
+                return
+        self.pipeline.put(CloseRequest(1000, error.code.value))  # the pipeline uses the error's code
+
+    def _leave(self) -> None:
+        """The socket is gone: a session without `close` stays alive, detached, for its TTL."""
+        if self.oneshot is not None:
+            self.oneshot.cancel()
+        session, self.session = self.session, None
+        if session is not None and self.hub.owns(session, self):
+            self.hub.release(session, self)
+            session.detach()
+            if self.debug:
+                log.debug("= session %s detached", session.id)
+
+    def _pipeline_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, OutboxOverflow):
+            log.warning("closing %s: %s", self.ws.id, exc)
+        else:
+            log.error("pipeline of %s failed", self.ws.id, exc_info=exc)
+        self.closing = True
+        self._closer = asyncio.get_running_loop().create_task(
+            self.ws.close(1008 if isinstance(exc, OutboxOverflow) else 1011)
+        )
+
+    async def _write(self) -> None:
+        """The one writer: send the outbox in order; a close item closes the socket."""
+        try:
+            while True:
+                item = self.outbox.pop()
+                if item is None:
+                    self._wake.clear()
+                    await self._wake.wait()
+                elif item.close is not None:
+                    if self.debug:
+                        log.debug("= %s closing: %d %s", self.ws.id, *item.close)
+                    await self.ws.close(*item.close)
+                    return
+                else:
+                    await self.ws.send(item.data)
+        except ConnectionClosed:
+            return  # the reader sees it too and ends the connection
+
+    # -- input ----------------------------------------------------------------------------------
+
+    async def _receive(self, data: bytes | str) -> None:
+        if not self.bucket.take():  # before parsing: a flood of garbage is limited too
+            self.fail(ProtocolError(ErrorCode.RATE_LIMITED, "too many messages; slow down"))
+            return
+        try:
+            msg = codec.parse_client(data, max_size=self.hub.config.max_message)
+        except ProtocolError as exc:
+            self.fail(exc)
+            return
+        metrics.MESSAGES_IN.labels(msg.type).inc()
+        if self.debug:
+            log.debug(
+                "< %s %s", msg.type, msg.model_dump(exclude={"type", "image", "token"}, exclude_none=True)
+            )
+        await self._guard(self._handlers[msg.type], msg, getattr(msg, "seq", None))
+
+    async def _guard(
+        self, handler: Callable[[Any], Awaitable[None]], msg: Any, seq: int | None = None
+    ) -> None:
+        """Run a handler; every exception becomes an `error` (unexpected ones: internal, fatal)."""
+        try:
+            await handler(msg)
+        except ProtocolError as exc:
+            self.fail(exc)
+        except SessionError as exc:
+            self.fail(convert.protocol_error(exc, seq))
+        except Exception as exc:
+            log.exception("handler for %s failed", getattr(msg, "type", "connect"))
+            self.fail(
+                ProtocolError(ErrorCode.INTERNAL, f"server error: {type(exc).__name__}", seq=seq, fatal=True)
+            )
+
+    def _live(self, msg: Any) -> Session:
+        """The attached session, or invalid_field when there is none."""
+        if self.session is None:
+            what = "a one-shot accepts only ping and close" if self.oneshot else "send open or generate first"
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, f"type: {what}", seq=getattr(msg, "seq", None), field="type"
+            )
+        return self.session
+
+    def _check_token(self, token: str | None) -> None:
+        want = self.hub.config.token
+        if want is not None and not secrets.compare_digest((token or "").encode(), want.encode()):
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, "missing or wrong token", fatal=True)
+
+    def _check_fresh(self) -> None:
+        if self.session is not None or self.oneshot is not None:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, "type: this connection already has a session", field="type"
+            )
+
+    # -- attach ---------------------------------------------------------------------------------
+
+    async def _attach_from_query(self, _: None) -> None:
+        request = self.ws.request
+        query = parse_qs(urlsplit(request.path).query if request is not None else "")
+        if "resume" not in query:
+            return
+        try:
+            session = self.manager.by_token(query["resume"][0])
+        except SessionError as exc:
+            raise ProtocolError(ErrorCode.NOT_FOUND, exc.message, fatal=True) from exc
+        name = query.get("codec", [self.hub.codec_of(session) or "jpeg"])[0]
+        if name not in CODECS:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"codec: must be one of {', '.join(CODECS)}",
+                field="codec",
+                fatal=True,
+            )
+        encoder, info = await self._encoder(name, session.spec)
+        self._attach(session, encoder, info)
+        if self.debug:
+            log.debug("= session %s resumed at chunk %d", session.id, session.last_chunk)
+
+    async def _encoder(self, name: m.Codec, spec: ModelSpec) -> tuple[FrameEncoder, m.CodecInfo]:
+        """A fresh encoder and its `ready.codec`, built in the pool (H.264 probes an encode)."""
+
+        def build() -> tuple[FrameEncoder, m.CodecInfo]:
+            encoder = make_encoder(name, spec.width, spec.height, spec.fps)
+            return encoder, encoder.info
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.hub.pool, build)
+        except MediaError as exc:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, f"codec: {exc}", field="codec") from exc
+
+    def _attach(self, session: Session, encoder: FrameEncoder, info: m.CodecInfo) -> None:
+        """Make ``session`` this connection's: `ready`, then retained unacked chunks, then live events."""
+        ready = convert.ready(session, info)
+        self.hub.claim(session, self, info.name)
+        self.session = session
+        self.pipeline.attach(encoder, ready)
+        self.pipeline.put(ready)
+        for event in session.activate(self.pipeline.put):  # nothing is emitted before it returns
+            self.pipeline.put(event)
+
+    # -- handlers -------------------------------------------------------------------------------
+
+    async def _open(self, msg: m.Open) -> None:
+        self._check_token(msg.token)
+        self._check_fresh()
+        try:
+            session = await self.manager.open(convert.open_params(msg))
+        except SessionError as exc:
+            error = convert.protocol_error(exc, None)
+            raise replace_fatal(error, error.code in OPEN_FATAL) from exc
+        try:
+            encoder, info = await self._encoder(msg.codec, session.spec)
+        except BaseException:
+            await self.manager.close(session)
+            raise
+        if self.closing or self.ws.state is not State.OPEN:
+            await self.manager.close(session)  # the client left while its world was being built
+            return
+        self._attach(session, encoder, info)
+        if self.debug:
+            log.debug("= session %s opened (%s, %s)", session.id, session.spec.id, session.mode)
+
+    async def _generate(self, msg: m.Generate) -> None:
+        self._check_token(msg.token)
+        self._check_fresh()
+        model = msg.model or self.manager.default_model
+        spec = self.manager.models().get(model)
+        if spec is None:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"unknown model {model!r}", fatal=True)
+        encoder, _ = await self._encoder(msg.codec, spec)
+        self.pipeline.attach(encoder, None)
+        self.oneshot = asyncio.create_task(self._run_oneshot(msg), name="ws-oneshot")
+
+    async def _run_oneshot(self, msg: m.Generate) -> None:
+        failed: list[ErrorEvent] = []
+
+        def sink(event: SessionEvent) -> None:
+            if isinstance(event, ErrorEvent):  # the run stops at its first error: that ends it
+                event = replace(event, fatal=True)
+                failed.append(event)
+            self.pipeline.put(event)
+
+        actions = [convert.frame_actions(chunk) for chunk in msg.actions]
+        try:
+            done = await self.manager.generate(convert.open_params(msg), actions, msg.chunks, sink)
+        except SessionError as exc:
+            self.oneshot = None
+            if failed:
+                self.closing = True
+                self.pipeline.put(ClosedEvent("error"))
+            else:
+                error = convert.protocol_error(exc, None)
+                self.fail(replace_fatal(error, error.code in OPEN_FATAL))
+            return
+        self.oneshot = None
+        self.closing = True
+        self.pipeline.put(done)
+        self.pipeline.put(ClosedEvent("done"))
+
+    async def _action(self, msg: m.Action) -> None:
+        vector = None if msg.vector is None else msg.vector.tolist()
+        self._live(msg).act(msg.seq, msg.keys, msg.mouse, vector)
+
+    async def _step(self, msg: m.Step) -> None:
+        self._live(msg).step(msg.seq, convert.frame_actions(msg.actions))
+
+    async def _cancel(self, msg: m.Cancel) -> None:
+        self._live(msg).cancel(msg.seq)
+
+    async def _pause(self, msg: m.Pause) -> None:
+        self._live(msg).pause()
+
+    async def _resume(self, msg: m.Resume) -> None:
+        self._live(msg).resume()
+
+    async def _reset(self, msg: m.Reset) -> None:
+        session = self._live(msg)
+        if msg.prompt:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"prompt: model {session.spec.id} has no text encoder; omit `prompt`",
+                seq=msg.seq,
+                field="prompt",
+            )
+        await self.manager.reset(session, msg.seq, msg.seed)  # answered by `ready` (ReadyEvent)
+
+    async def _fork(self, msg: m.Fork) -> None:
+        session = self._live(msg)
+        copy = await self.manager.fork(session)
+        self.hub.remember_codec(copy, self.hub.codec_of(session) or "jpeg")
+        self.pipeline.put(m.Forked(seq=msg.seq, session_id=copy.id, resume_token=copy.resume_token))
+
+    async def _ack(self, msg: m.Ack) -> None:
+        self._live(msg).ack(msg.chunk)
+
+    async def _ping(self, msg: m.Ping) -> None:
+        self.pipeline.put(m.Pong(t=msg.t, server_t=time.time() * 1000))
+
+    async def _close(self, msg: m.Close) -> None:
+        self.closing = True
+        if self.oneshot is not None:
+            self.oneshot.cancel()
+            self.oneshot = None
+            self.pipeline.put(ClosedEvent("closed"))
+            return
+        session, self.session = self.session, None
+        if session is None:
+            self.pipeline.put(CloseRequest(1000, "closed"))
+            return
+        self.hub.release(session, self)
+        await self.manager.close(session)  # its ClosedEvent: `closed`, then the socket closes
+
+
+def replace_fatal(error: ProtocolError, fatal: bool) -> ProtocolError:
+    """``error`` with its ``fatal`` flag set as given."""
+    return ProtocolError(error.code, error.message, seq=error.seq, fatal=fatal, field=error.field)

@@ -1,0 +1,83 @@
+"""What every connection of one server shares: settings, sessions, the encode pool, and which
+connection each session is attached to."""
+
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+from weakref import WeakKeyDictionary
+
+from sessions.manager import SessionManager
+from sessions.session import Session
+from web.messages import Codec
+
+__all__ = ["STATIC_DIR", "Hub", "Owner", "ServerConfig"]
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of one server process (the CLI's `serve` flags)."""
+
+    host: str = "127.0.0.1"  # interface to listen on
+    port: int = 8000  # 0: pick a free port (see Server.port)
+    token: str | None = None  # required in `open`/`generate` when set
+    debug_hooks: bool = False  # accept `open.debug`
+    default_model: str | None = None  # None: the first loaded world
+    max_sessions: int = 16  # live sessions, detached ones included
+    detach_ttl_s: float = 60.0  # how long a detached session waits for a resume
+    max_batch: int = 4  # sessions per engine step
+    max_message: int = 1 << 20  # bytes per client message; bigger ones get `too_large`
+    outbox_chunks: int = 4  # `frames` messages queued per connection before frames drop
+    send_buffer: int = 1 << 18  # kernel send buffer per socket, bytes: frames wait in our queue
+    # (where they can be dropped), not in megabytes of autotuned kernel buffer (stale by seconds)
+    encode_threads: int = 2  # encode pool size (H.264/JPEG run there, off the event loop)
+    ping_interval_s: float = 20.0  # websocket keepalive ping period
+    ping_timeout_s: float = 60.0  # above the worst chunk time: no client pong within it closes
+    rate: float = 500.0  # client messages per second a connection may send on average
+    burst: int = 1000  # ... and in a burst
+    static_dir: Path = STATIC_DIR  # the browser client's files
+
+
+class Owner(Protocol):
+    """A connection that can hold a session."""
+
+    def evict(self) -> None:
+        """The session was attached to another connection: let go of it and close."""
+
+
+@dataclass
+class Hub:
+    """Shared state of one server's connections (event loop only)."""
+
+    manager: SessionManager
+    config: ServerConfig
+    pool: Executor  # encode pool
+    _owners: WeakKeyDictionary[Session, Owner] = field(default_factory=WeakKeyDictionary)
+    _codecs: WeakKeyDictionary[Session, Codec] = field(default_factory=WeakKeyDictionary)
+
+    def claim(self, session: Session, owner: Owner, codec: Codec) -> None:
+        """Attach ``session`` to ``owner``; a previous owner is evicted."""
+        previous = self._owners.get(session)
+        self._owners[session] = owner
+        self._codecs[session] = codec
+        if previous is not None and previous is not owner:
+            previous.evict()
+
+    def owns(self, session: Session, owner: Owner) -> bool:
+        """Whether ``owner`` is the connection ``session`` is attached to."""
+        return self._owners.get(session) is owner
+
+    def release(self, session: Session, owner: Owner) -> None:
+        """``owner`` lets go of ``session`` (no-op if it was not the owner)."""
+        if self.owns(session, owner):
+            del self._owners[session]
+
+    def codec_of(self, session: Session) -> Codec | None:
+        """The codec ``session`` was last attached with (a fork inherits its source's)."""
+        return self._codecs.get(session)
+
+    def remember_codec(self, session: Session, codec: Codec) -> None:
+        """Record the codec a not-yet-attached session (a fork) will use by default."""
+        self._codecs[session] = codec

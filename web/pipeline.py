@@ -1,0 +1,160 @@
+"""One connection's outgoing messages, in order: session events and replies in, wire bytes out.
+
+Everything the connection sends goes through :meth:`Pipeline.put` (it is also the session's
+sink), so replies never overtake the frames committed before them. A ``frames`` event is encoded
+and packed in the encode pool, never on the event loop, one chunk at a time (an encoder is
+stateful); the bytes then go to the :class:`~web.outbox.Outbox`, which applies the drop policy.
+When the outbox drops H.264 frames it asks for a keyframe, and the next chunk is encoded with one.
+"""
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from sessions.events import (
+    CancelledEvent,
+    ClosedEvent,
+    DoneEvent,
+    ErrorEvent,
+    FramesEvent,
+    ReadyEvent,
+    SessionEvent,
+)
+from web import codec, convert, metrics
+from web import messages as m
+from web.encoders import FrameEncoder
+from web.errors import CloseCode, ErrorCode, close_code
+from web.outbox import Outbox
+
+__all__ = ["CloseRequest", "Pipeline", "close_code_for"]
+
+log = logging.getLogger(__name__)
+
+GOING_AWAY = 1001  # RFC 6455: the server is shutting down
+
+
+@dataclass(frozen=True)
+class CloseRequest:
+    """Close the socket once everything put before this is sent."""
+
+    code: int  # websocket close code
+    reason: str  # close reason (short text)
+
+
+Outgoing = SessionEvent | m.ServerMessage | CloseRequest
+
+
+def close_code_for(reason: str) -> int:
+    """The websocket close code after ``closed`` with this reason (sessions' FINISHED_REASON)."""
+    if reason == "error":
+        return CloseCode.INTERNAL
+    if reason == "shutdown":
+        return GOING_AWAY
+    return CloseCode.NORMAL
+
+
+class Pipeline:
+    """Ordered, encoding delivery of one connection's messages into its outbox."""
+
+    def __init__(self, outbox: Outbox, pool: Executor) -> None:
+        self.outbox = outbox
+        self.pool = pool  # the server's encode pool
+        self.encoder: FrameEncoder | None = None  # the attached session's encoder
+        self.ready: m.Ready | None = None  # the attached session's `ready` (re-sent after a reset)
+        self.close_code: int | None = None  # set after a fatal error: the code the socket closes with
+        self._queue: asyncio.Queue[Outgoing] = asyncio.Queue()
+        self._want_key = False  # the outbox dropped H.264 frames: the next chunk starts with an IDR
+        self.debug = log.isEnabledFor(logging.DEBUG)
+        outbox.on_drop = self._need_keyframe
+
+    def attach(self, encoder: FrameEncoder, ready: m.Ready | None) -> None:
+        """Use ``encoder`` (one per attached session) for every chunk from now on."""
+        self.encoder = encoder
+        self.ready = ready
+        self.outbox.codec = encoder.codec
+        self._want_key = False
+
+    def put(self, item: Outgoing) -> None:
+        """Queue a session event, a server message or a close (never blocks; the session's sink)."""
+        self._queue.put_nowait(item)
+
+    async def run(self) -> None:
+        """Deliver queued items into the outbox until cancelled. Raises OutboxOverflow."""
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, FramesEvent):
+                await self._frames(item)
+            else:
+                self._control(item)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _need_keyframe(self) -> None:
+        if self.debug:
+            log.debug("= frames dropped: next chunk starts with a keyframe")
+        self._want_key = True
+
+    async def _frames(self, event: FramesEvent) -> None:
+        encoder = self.encoder
+        if encoder is None:
+            raise RuntimeError("frames before an encoder was attached")
+        want_key, self._want_key = self._want_key, False
+        loop = asyncio.get_running_loop()
+        data, key = await loop.run_in_executor(self.pool, _encode, encoder, event, want_key)
+        if self.debug:
+            log.debug(
+                "> frames chunk=%d frame0=%d key=%s %d bytes", event.chunk, event.frame0, key, len(data)
+            )
+        self.outbox.put_frames(data, event.frames.shape[0], key)
+
+    def _control(self, item: Outgoing) -> None:
+        msg: m.ServerMessage
+        if isinstance(item, CloseRequest):
+            self.outbox.put_close(self.close_code or item.code, item.reason)
+            return
+        if isinstance(item, ClosedEvent):
+            self._send(m.Closed(reason=item.reason))
+            self.outbox.put_close(self.close_code or close_code_for(item.reason), item.reason)
+            return
+        if isinstance(item, CancelledEvent):
+            msg = convert.cancelled(item)
+        elif isinstance(item, ErrorEvent):
+            msg = m.Error.from_exception(convert.error_event(item))
+        elif isinstance(item, ReadyEvent):
+            if self.ready is None:
+                return  # a one-shot has no `ready`
+            msg = self.ready.model_copy(update={"chunk": item.chunk})
+        elif isinstance(item, DoneEvent):
+            msg = convert.done(item)
+        else:
+            msg = item
+        self._send(msg)
+
+    def _send(self, msg: m.ServerMessage) -> None:
+        if isinstance(msg, m.Error):
+            metrics.ERRORS.labels(msg.code.value).inc()
+            if msg.fatal:
+                self.close_code = close_code(ErrorCode(msg.code))
+        if self.debug:
+            log.debug("> %s", _summary(msg))
+        self.outbox.put_control(codec.encode(msg))
+
+
+def _encode(encoder: FrameEncoder, event: FramesEvent, want_key: bool) -> tuple[bytes, bool]:
+    """Encode and pack one chunk (runs in the encode pool)."""
+    start = time.perf_counter()
+    if want_key:
+        encoder.force_keyframe()
+    chunk = encoder.encode_chunk(event.frames)
+    encode_ms = (time.perf_counter() - start) * 1000
+    data = codec.encode(convert.frames(event, encoder.codec, chunk, encode_ms))
+    per_frame_ms = (time.perf_counter() - start) * 1000 / event.frames.shape[0]
+    metrics.ENCODE_MS.labels(encoder.codec).observe(per_frame_ms)
+    return data, chunk.key
+
+
+def _summary(msg: m.ServerMessage) -> str:
+    fields = msg.model_dump(exclude={"type", "data", "model", "timings"}, exclude_none=True)
+    return f"{msg.type} {fields}"

@@ -1,0 +1,105 @@
+"""Plain HTTP on the websocket port, answered from ``process_request`` (openpi's ``/healthz`` seam).
+
+Routes: ``/healthz`` (JSON), ``/metrics`` (Prometheus text), ``/v1/models`` (JSON list),
+``/v1/protocol.json`` (JSON schema of every message), ``/`` and any other file under the static
+directory (the browser client). ``/v1/session`` goes on to the websocket handshake (a request
+without ``Upgrade`` gets websockets' own 426).
+"""
+
+import email.utils
+import http
+import json
+import mimetypes
+from pathlib import Path
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from runtime.metrics import REGISTRY
+from sessions.manager import SessionManager
+from web import convert
+from web.messages import PROTOCOL_VERSION, json_schema
+
+__all__ = ["SESSION_PATH", "Routes"]
+
+SESSION_PATH = "/v1/session"
+JSON = "application/json"
+
+
+class Routes:
+    """The ``process_request`` callable of one server."""
+
+    def __init__(self, manager: SessionManager, static_dir: Path) -> None:
+        self.manager = manager
+        self.static_dir = static_dir.resolve()
+        self._schema = json.dumps(json_schema()).encode()  # constant: built once
+
+    def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
+        """A response for plain HTTP requests; None lets a websocket handshake proceed."""
+        path = request.path.partition("?")[0]
+        if path == SESSION_PATH:
+            return None
+        if "Upgrade" in request.headers:
+            return _response(http.HTTPStatus.NOT_FOUND, b"websocket sessions live at /v1/session\n")
+        if path == "/healthz":
+            return self._healthz()
+        if path == "/metrics":
+            return _response(http.HTTPStatus.OK, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+        if path == "/v1/models":
+            return _response(http.HTTPStatus.OK, json.dumps(self._models()).encode(), JSON)
+        if path == "/v1/protocol.json":
+            return _response(http.HTTPStatus.OK, self._schema, JSON)
+        return self._static(path)
+
+    def _healthz(self) -> Response:
+        dead = self.manager.engine.dead
+        body = {
+            "status": "engine_dead" if dead else "ok",
+            "protocol": PROTOCOL_VERSION,
+            "sessions": len(self.manager),
+            "models": sorted(self.manager.models()),
+        }
+        status = http.HTTPStatus.SERVICE_UNAVAILABLE if dead else http.HTTPStatus.OK
+        return _response(status, json.dumps(body).encode(), JSON)
+
+    def _models(self) -> list[dict]:
+        out = []
+        for model_id, spec in sorted(self.manager.models().items()):
+            info = convert.model_info(spec).model_dump()
+            out.append(
+                {
+                    **info,
+                    "image_start": spec.image_start,
+                    "description": spec.description,
+                    "default": model_id == self.manager.default_model,
+                }
+            )
+        return out
+
+    def _static(self, path: str) -> Response:
+        relative = "index.html" if path == "/" else path.lstrip("/")
+        file = (self.static_dir / relative).resolve()
+        # resolve() folds `..` and links: anything outside the static directory is not ours to serve
+        if not file.is_relative_to(self.static_dir) or not file.is_file():
+            return _response(http.HTTPStatus.NOT_FOUND, b"not found\n")
+        content_type = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
+        if content_type.startswith("text/") or content_type == "application/javascript":
+            content_type += "; charset=utf-8"
+        return _response(http.HTTPStatus.OK, file.read_bytes(), content_type)
+
+
+def _response(
+    status: http.HTTPStatus, body: bytes, content_type: str = "text/plain; charset=utf-8"
+) -> Response:
+    headers = Headers(
+        [
+            ("Date", email.utils.formatdate(usegmt=True)),
+            ("Connection", "close"),
+            ("Content-Length", str(len(body))),
+            ("Content-Type", content_type),
+            ("Cache-Control", "no-cache"),
+        ]
+    )
+    return Response(status.value, status.phrase, headers, body)

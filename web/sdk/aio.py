@@ -1,0 +1,107 @@
+"""The async SDK's entry points: ``connect`` (open, or attach by token), ``attach``, ``generate``."""
+
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import numpy as np
+
+from web import messages as m
+from web.sdk.actions import ActionLike, frame_actions
+from web.sdk.core import ClientCore
+from web.sdk.session import Session
+from web.sdk.types import Generated
+from web.sdk.urls import session_url
+
+__all__ = ["attach", "connect", "generate"]
+
+
+class connect:  # lowercase like websockets' `connect`: awaited or used as a context manager
+    """Open a session: ``async with connect(url, mode="lockstep") as s:`` or ``s = await connect(...)``.
+
+    ``url``: ``HOST:PORT``, ``ws://HOST:PORT`` or ``http://HOST:PORT``. With ``resume=TOKEN`` it
+    attaches to a live session instead; the other session arguments are then ignored, and
+    ``codec`` picks the codec of this socket.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        seed: int | None = None,
+        mode: m.Mode = "realtime",
+        codec: m.Codec = "jpeg",
+        token: str | None = None,
+        max_ahead: int = 2,
+        debug: dict[str, Any] | None = None,
+        resume: str | None = None,
+    ) -> None:
+        self.url = url
+        self.resume = resume
+        self.open = m.Open(
+            model=model,
+            seed=seed,
+            mode=mode,
+            codec=codec,
+            token=token,
+            max_ahead=max_ahead,
+            debug=None if debug is None else m.DebugHooks(**debug),
+        )
+        self.session: Session | None = None
+
+    async def _open(self) -> Session:
+        session = Session(self.url, ClientCore(self.open.codec))
+        try:
+            if self.resume is None:
+                await session.start(session_url(self.url), self.open)
+            else:
+                await session.start(session_url(self.url, resume=self.resume, codec=self.open.codec), None)
+        except BaseException:
+            await session.disconnect()
+            raise
+        self.session = session
+        return session
+
+    def __await__(self) -> Generator[Any, None, Session]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Session:
+        return await self._open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
+def attach(url: str, token: str, *, codec: m.Codec = "jpeg") -> connect:
+    """Attach to a live session by resume token (a fork, or a session another process opened)."""
+    return connect(url, codec=codec, resume=token)
+
+
+async def generate(
+    url: str,
+    *,
+    chunks: int,
+    actions: Sequence[ActionLike | Sequence[ActionLike]] = (),
+    model: str | None = None,
+    seed: int | None = None,
+    codec: m.Codec = "jpeg",
+    token: str | None = None,
+) -> Generated:
+    """One-shot: ``chunks`` chunks, ``actions[i]`` driving chunk i + 1 (later chunks get no input)."""
+    msg = m.Generate(
+        model=model,
+        seed=seed,
+        chunks=chunks,
+        actions=tuple(frame_actions(a) for a in actions),
+        codec=codec,
+        token=token,
+    )
+    session = Session(url, ClientCore(codec))
+    try:
+        done: m.Done = await session.start(session_url(url), msg, ("done", None))
+    finally:
+        await session.disconnect()
+    got = list(session.core.chunks)
+    frames = [c.frames for c in got if len(c.frames)]
+    return Generated(np.concatenate(frames) if frames else np.empty((0, 0, 0, 3), np.uint8), got, done)

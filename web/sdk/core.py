@@ -1,0 +1,153 @@
+"""Sans-I/O client state shared by the async and the sync SDK: bytes in, replies filed by key.
+
+A transport feeds every server message to :meth:`ClientCore.receive` and waits until
+:meth:`ClientCore.take` has the reply it wants. Keys: ``("ready", None)``, ``("step", seq)`` (the
+chunk a lockstep step made), ``("cancelled", seq)``, ``("forked", seq)``, ``("pong", t)``,
+``("done", None)``. Every chunk is decoded (H.264 needs them all) but handed out once: after a
+resume the server re-sends unacked chunks, and those already received are dropped here.
+"""
+
+from collections import deque
+from typing import Any
+
+from web import messages as m
+from web.codec import parse_server
+from web.encoders import ChunkDecoder
+from web.errors import ServerError, SessionClosed, StepCancelled
+from web.sdk.types import Chunk
+
+__all__ = ["ENDED", "NO_SEQ", "ClientCore", "Key"]
+
+Key = tuple[str, Any]
+NO_SEQ = -1  # an awaited reply that no `error` can answer (wire seqs are >= 0 or absent)
+ENDED = frozenset({"closed", "done"})  # `closed` reasons that end a session normally
+
+
+class ClientCore:
+    """One client session's state: seq numbers, decoding, dedupe, replies and errors."""
+
+    def __init__(self, codec: m.Codec) -> None:
+        self.codec = codec  # the session's frame codec
+        self.ready: m.Ready | None = None  # the latest `ready` (cached server metadata)
+        self.received = 0  # highest chunk number received
+        self.chunks: deque[Chunk] = deque()  # received chunks no step claimed, oldest first
+        self.closed: str | None = None  # why the session or the socket ended, once it has
+        self._seq = 0
+        self._decoder = ChunkDecoder(codec)
+        self._awaited: dict[Key, int | None] = {}  # reply key -> the seq an `error` answers it with
+        self._replies: dict[Key, Any] = {}  # reply key -> message, chunk or exception
+        self._errors: deque[ServerError] = deque()  # errors nobody waited for: raised by the next call
+        self._fatal: ServerError | None = None  # a fatal error: raised by every call from now on
+
+    def next_seq(self) -> int:
+        """A fresh ``seq`` for a client message."""
+        self._seq += 1
+        return self._seq
+
+    def expect(self, key: Key, seq: int | None = NO_SEQ) -> None:
+        """Someone will wait for ``key``; an `error` carrying ``seq`` answers it instead."""
+        self._awaited[key] = seq
+
+    def take(self, key: Key) -> Any:
+        """The reply for ``key``, or None if it has not come yet. Raises the error that answered it,
+        a fatal error, or SessionClosed once the session or socket ended."""
+        if key in self._replies:
+            reply = self._replies.pop(key)
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        self._check_open()
+        return None
+
+    def raise_pending(self) -> None:
+        """Raise an error nobody waited for (e.g. for a refused `action`), or what :meth:`take` raises."""
+        if self._errors:
+            raise self._errors.popleft()
+        self._check_open()
+
+    def take_chunk(self) -> Chunk | None:
+        """The oldest unclaimed chunk, or None if none has come yet. Raises an error nobody waited
+        for, or (once the queue is empty) what :meth:`take` raises."""
+        if self._errors:
+            raise self._errors.popleft()
+        if self.chunks:
+            return self.chunks.popleft()
+        self._check_open()
+        return None
+
+    def new_socket(self, codec: m.Codec | None = None) -> None:
+        """A new socket for the same session: the server starts a fresh encoder (H.264: an IDR)."""
+        self.codec = codec or self.codec
+        self._decoder = ChunkDecoder(self.codec)
+        self.closed = None
+        self._fatal = None
+
+    def connection_lost(self, reason: str) -> None:
+        """The socket closed: waiters fail; chunks already queued stay readable."""
+        if self.closed is None:
+            self.closed = reason
+            self._fail_awaited(SessionClosed(reason))
+
+    def receive(self, data: bytes) -> None:
+        """File one server message."""
+        msg = parse_server(data)
+        if isinstance(msg, m.Frames):
+            self._frames(msg)
+        elif isinstance(msg, m.Ready):
+            self.ready = msg
+            self._reply(("ready", None), msg)
+        elif isinstance(msg, m.Cancelled):
+            for key, seq in list(self._awaited.items()):
+                if key[0] == "step" and seq is not None and seq < msg.seq:  # rolled back
+                    self._reply(key, StepCancelled(f"step {seq} was cancelled by cancel {msg.seq}"))
+            self._reply(("cancelled", msg.seq), msg)
+        elif isinstance(msg, m.Forked):
+            self._reply(("forked", msg.seq), msg)
+        elif isinstance(msg, m.Pong):
+            self._reply(("pong", msg.t), msg)
+        elif isinstance(msg, m.Done):
+            self._reply(("done", None), msg)
+        elif isinstance(msg, m.Error):
+            self._error(msg.to_exception())
+        elif isinstance(msg, m.Closed):
+            self.closed = msg.reason
+            self._fail_awaited(SessionClosed(msg.reason))
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if self.closed is not None:
+            raise SessionClosed(self.closed)
+
+    def _frames(self, msg: m.Frames) -> None:
+        frames = self._decoder.decode(msg)
+        if msg.chunk <= self.received:
+            return  # re-sent after a resume, and we have it
+        self.received = msg.chunk
+        chunk = Chunk(msg.chunk, msg.frame0, frames, msg.action_seq, dict(msg.timings))
+        key = ("step", msg.action_seq)
+        if key in self._awaited:
+            self._reply(key, chunk)
+        else:
+            self.chunks.append(chunk)
+
+    def _reply(self, key: Key, value: Any) -> None:
+        if key in self._awaited:
+            del self._awaited[key]
+            self._replies[key] = value
+
+    def _error(self, exc: ServerError) -> None:
+        answered = [key for key, seq in self._awaited.items() if seq == exc.seq]
+        for key in answered:
+            self._reply(key, exc)
+        if exc.fatal:
+            self._fatal = exc
+            self._fail_awaited(exc)
+        elif not answered:
+            self._errors.append(exc)
+
+    def _fail_awaited(self, exc: Exception) -> None:
+        for key in list(self._awaited):
+            self._reply(key, exc)

@@ -1,0 +1,124 @@
+"""The worldserve server: one websocket + HTTP port in front of a :class:`~web.app.Runtime`.
+
+Usable in-process (tests, notebooks, benchmarks)::
+
+    async with Server(worlds, ServerConfig(port=0)) as server:   # port 0: a free port
+        print(server.url)                                         # http://127.0.0.1:PORT
+
+Each websocket is served by a :class:`~web.connection.Connection`; plain HTTP by
+:class:`~web.routes.Routes`. Frames are encoded in a small thread pool: never on the event loop,
+never on the engine thread.
+"""
+
+import logging
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+
+from websockets.asyncio.server import Server as WsServer
+from websockets.asyncio.server import ServerConnection, serve
+
+from models.world import World
+from sessions.manager import SessionManager
+from web import metrics
+from web.app import Runtime
+from web.connection import Connection
+from web.hub import Hub, ServerConfig
+from web.routes import SESSION_PATH, Routes
+
+__all__ = ["Server", "ServerConfig"]
+
+log = logging.getLogger(__name__)
+
+# websockets closes with 1009 by itself above this; between max_message and it we answer
+# `too_large` first, as the protocol asks.
+HARD_LIMIT_FACTOR = 4
+
+
+class Server:
+    """Engine, sessions and the websocket endpoint of one process (see the module docstring)."""
+
+    def __init__(self, worlds: Mapping[str, World], config: ServerConfig | None = None) -> None:
+        self.worlds = worlds
+        self.config = config or ServerConfig()
+        self.runtime: Runtime | None = None
+        self._hub: Hub | None = None
+        self._ws: WsServer | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def manager(self) -> SessionManager:
+        """The session manager (after start)."""
+        if self.runtime is None:
+            raise RuntimeError("server not started")
+        return self.runtime.manager
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the real one when configured with 0)."""
+        if self._ws is None:
+            raise RuntimeError("server not started")
+        return self._ws.sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` (the browser client; HTTP routes hang off it)."""
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        """``ws://HOST:PORT/v1/session``, where sessions are opened."""
+        return f"ws://{self.config.host}:{self.port}{SESSION_PATH}"
+
+    async def start(self) -> None:
+        """Start the engine thread, the encode pool and the listener."""
+        cfg = self.config
+        self.runtime = Runtime.start(
+            self.worlds,
+            default_model=cfg.default_model,
+            max_batch=cfg.max_batch,
+            max_sessions=cfg.max_sessions,
+            detach_ttl_s=cfg.detach_ttl_s,
+            debug_hooks=cfg.debug_hooks,
+        )
+        manager = self.runtime.manager
+        self._pool = ThreadPoolExecutor(cfg.encode_threads, thread_name_prefix="worldserve-encode")
+        self._hub = Hub(manager, cfg, self._pool)
+        metrics.SESSIONS.set_function(lambda: len(manager))
+        self._ws = await serve(
+            self._handle,
+            cfg.host,
+            cfg.port,
+            compression=None,  # deflate costs 25-35x on video payloads
+            process_request=Routes(manager, cfg.static_dir),
+            max_size=cfg.max_message * HARD_LIMIT_FACTOR,
+            ping_interval=cfg.ping_interval_s,
+            ping_timeout=cfg.ping_timeout_s,
+        )
+        log.info("= serving %s at %s", sorted(self.worlds), self.url)
+
+    async def stop(self) -> None:
+        """Close every session (clients get `closed`, reason shutdown), the listener, the engine."""
+        if self.runtime is not None:
+            await self.runtime.manager.shutdown()
+        if self._ws is not None:
+            self._ws.close()
+            await self._ws.wait_closed()
+        if self.runtime is not None:
+            await self.runtime.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        log.info("= stopped")
+
+    async def __aenter__(self) -> "Server":
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        assert self._hub is not None
+        await Connection(ws, self._hub).run()

@@ -1,0 +1,168 @@
+// The worldserve page: controls, HUD refresh and boot around a Stream (stream.js).
+// URL parameters: model, seed, codec (h264|jpeg|raw), autostart=1, resume=TOKEN, ahead (max_ahead),
+// token (a server token). window.__worldserve holds the page state, kept current, for automation.
+
+import { Hud } from "./hud.js";
+import { Input } from "./input.js";
+import { Player } from "./player.js";
+import { CODECS } from "./protocol.js";
+import { Stream } from "./stream.js";
+
+const ACTION_INTERVAL_MS = 50; // actions repeat at this period while keys are held or the mouse moves
+const HUD_MS = 250; // HUD refresh period
+// Chunks the server may generate past the last one shown. 1 gives the lowest latency (about
+// 1.5 chunks: half a chunk until the next chunk boundary, plus the chunk playing now); 2 hides
+// more jitter at one chunk more latency (?ahead=2).
+const DEFAULT_AHEAD = 1;
+
+const $ = (id) => document.getElementById(id);
+const url = new URLSearchParams(location.search);
+
+const state = (window.__worldserve = {
+  status: "idle", // idle | connecting | playing | paused | reconnecting | closed | failed
+  statusDetail: "",
+  chunksShown: 0, // chunks whose first frame was shown (cumulative over the page's life)
+  framesShown: 0,
+  fps: 0, // frames shown over the last second
+  lastActionSeq: 0, // seq of the last `action` sent
+  lastAppliedSeq: null, // frames.action_seq of the last chunk shown
+  codec: null, // the codec in use: h264 | jpeg | raw
+  codecString: null, // WebCodecs codec string (H.264)
+  fallback: null, // why JPEG is used instead of the H.264 asked for, or null
+  errors: [], // server errors: {code, message, fatal, seq, text}
+  model: null, // model id
+  modelInfo: null, // ready.model
+  sessionId: null,
+  resumeToken: null,
+  chunk: 0, // last chunk shown
+  chunkReceived: 0, // last chunk received
+  worlds: 0, // worlds in this session (1 + resets)
+  reconnects: 0, // successful resumes after a dropped socket
+  gaps: 0, // chunks that never arrived (dropped by the server for a slow reader)
+  latencyMs: null, // last action-to-frame latency: input change -> first frame applying it
+  latencyAvgMs: null,
+  rttMs: null, // ping round trip
+  queueFrames: 0, // frames in the jitter buffer
+  queueChunks: 0,
+  timings: {}, // frames.timings of the last chunk received (ms per stage)
+  paused: false,
+  skipped: 0, // frames that could not be decoded (or waited too long for the decoder)
+  cancels: 0, // `cancelled` replies
+  mouseSent: 0, // |dx| + |dy| sent in actions, px
+  forks: [], // resume tokens of forks made here
+});
+
+const canvas = $("screen");
+const hud = new Hud($("hud"), $("banner"));
+const player = new Player(canvas);
+const input = new Input(canvas, () => stream.sendAction(true));
+const stream = new Stream({ state, player, input, hud, onReady, onStatus });
+
+function onReady(msg) {
+  canvas.style.aspectRatio = `${msg.model.width} / ${msg.model.height}`;
+  if ($("model").value !== msg.model.id) selectModel(msg.model.id);
+  if (msg.codec.name !== $("codec").value && !state.fallback) $("codec").value = msg.codec.name;
+}
+
+function onStatus(status) {
+  const live = status === "playing" || status === "paused";
+  for (const id of ["pause", "cancel", "reset", "fork"]) $(id).disabled = !live;
+  $("pause").textContent = state.paused ? "Resume" : "Pause";
+  hud.render(state);
+}
+
+function start() {
+  $("overlay").hidden = true;
+  player.start();
+  stream.open({
+    model: $("model").value || undefined,
+    seed: parseSeed($("seed").value),
+    codec: $("codec").value,
+    maxAhead: parseInt(url.get("ahead"), 10) || DEFAULT_AHEAD,
+    token: url.get("token") || undefined,
+  });
+}
+
+// actions repeat while keys are held or the mouse moves; the gamepad is polled here too
+setInterval(() => {
+  input.pollGamepad();
+  if (input.keys().length || input.moved) stream.sendAction(false);
+}, ACTION_INTERVAL_MS);
+
+// -- controls -----------------------------------------------------------------------------------
+
+function parseSeed(text) {
+  const seed = Number(text);
+  return text.trim() !== "" && Number.isSafeInteger(seed) && seed >= 0 ? seed : undefined;
+}
+
+function selectModel(id) {
+  const select = $("model");
+  if (![...select.options].some((o) => o.value === id)) select.add(new Option(id, id));
+  select.value = id;
+}
+
+function button(id, fn) {
+  $(id).addEventListener("click", (e) => {
+    e.currentTarget.blur(); // Space is a game key: keep it away from focused buttons
+    fn();
+  });
+}
+
+button("start", start);
+button("overlay", start);
+button("pause", () => stream.pause(!state.paused));
+button("cancel", () => stream.cancel());
+button("reset", () => stream.reset(parseSeed($("seed").value)));
+button("fork", () => stream.fork(window.open("about:blank", "_blank"))); // opened while the click counts
+button("dice", () => {
+  $("seed").value = String(Math.floor(Math.random() * 2 ** 31));
+});
+$("model").addEventListener("change", (e) => {
+  e.target.blur();
+  if (stream.live) start();
+});
+$("codec").addEventListener("change", (e) => {
+  e.target.blur();
+  stream.switchCodec(e.target.value);
+});
+window.addEventListener("pagehide", () => stream.close());
+
+setInterval(() => {
+  Object.assign(state, {
+    fps: player.fps,
+    queueFrames: player.bufferedFrames,
+    queueChunks: player.bufferedChunks,
+    framesShown: player.framesShown,
+    chunksShown: player.chunksShown,
+    skipped: player.skipped,
+  });
+  hud.render(state);
+}, HUD_MS);
+
+// -- boot ---------------------------------------------------------------------------------------
+
+async function boot() {
+  const codec = url.get("codec");
+  if (codec && CODECS.includes(codec)) $("codec").value = codec;
+  if (url.has("seed")) $("seed").value = url.get("seed");
+  try {
+    const res = await fetch("/v1/models");
+    for (const m of await res.json()) {
+      const option = new Option(`${m.id}${m.default ? " (default)" : ""}`, m.id, m.default, m.default);
+      option.title = m.description ?? "";
+      $("model").add(option);
+    }
+  } catch (err) {
+    hud.say(`Could not list the worlds (${err.message}); is the server up?`, { sticky: true });
+  }
+  if (url.get("model")) selectModel(url.get("model"));
+  hud.render(state);
+  if (url.get("resume")) {
+    player.start();
+    stream.attach(url.get("resume"), codec);
+  } else if (url.get("autostart") === "1") start();
+  else $("overlay").hidden = false;
+}
+
+boot();
