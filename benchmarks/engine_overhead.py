@@ -49,8 +49,9 @@ def bare_loop(world: World, chunks: int, seed: int) -> list[float]:
         video = world.layout.video_frames(state.frames, n)
         acts = None
         if cfg.action is not None:
-            acts = group_actions(world.action_space, world.layout, state.frames, n,
-                                 [FrameAction(frozenset({"w"}))] * video).tensor[None]
+            acts = group_actions(
+                world.action_space, world.layout, state.frames, n, [FrameAction(frozenset({"w"}))] * video
+            ).tensor[None]
         x = world.noise(seed, c + 1, 0, n)[None]
         for k, (t, sg) in enumerate(zip(sched.timesteps, sched.sigmas, strict=True)):
             x0 = sched.to_x0(world.denoise(x, t, [state], slots, acts), x, sg)

@@ -278,6 +278,7 @@ class _DenseAttn:
 
     frame_mask: torch.Tensor  # (F, F) bool
     tokens_per_frame: int
+    positions: torch.Tensor | None = None  # (F,) int64 RoPE frame index of each frame; None = 0..F-1
     token_mask: torch.Tensor = field(init=False)  # (F*T, F*T) bool, the frame mask per token
 
     def __post_init__(self) -> None:
@@ -390,9 +391,10 @@ class ActionModule(nn.Module):
         q, k = self.motion_norm_q(q), self.motion_norm_k(k)
         outs = []
         for i in range(b):
-            cos, sin = _axis_freqs(
-                hd, torch.arange(frame_offsets[i], frame_offsets[i] + n, device=h.device), self.cfg.rope_theta
-            )
+            pos = torch.arange(frame_offsets[i], frame_offsets[i] + n, device=h.device)
+            if isinstance(attn, _DenseAttn) and attn.positions is not None:
+                pos = attn.positions.to(h.device)
+            cos, sin = _axis_freqs(hd, pos, self.cfg.rope_theta)
             cos = cos.repeat_interleave(t, 0)[:, None, :]  # (F*T, 1, hd): one position per frame
             sin = sin.repeat_interleave(t, 0)[:, None, :]
             qi, ki = apply_rope(q[i], cos, sin), apply_rope(k[i], cos, sin)
@@ -591,8 +593,22 @@ class CausalWan(nn.Module):
         x = x.permute(0, 7, 1, 4, 2, 5, 3, 6)  # (B, C, F, pt, H, ph, W, pw)
         return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
-    def _rope(self, offsets: Sequence[int], grid: tuple[int, int, int], device: torch.device):
+    def _rope(
+        self,
+        offsets: Sequence[int],
+        grid: tuple[int, int, int],
+        device: torch.device,
+        positions: torch.Tensor | None = None,
+    ):
         f, hh, ww = grid
+        if positions is not None:
+            # Frames at arbitrary RoPE frame indices: one row of frames per distinct position.
+            uniq, inverse = torch.unique(positions.cpu(), return_inverse=True)
+            tables = [rope_3d(self.cfg.attention_head_dim, int(p), 1, hh, ww, device) for p in uniq]
+            cos = torch.stack([tables[int(j)][0] for j in inverse]).flatten(0, 1)  # (F*h*w, hd)
+            sin = torch.stack([tables[int(j)][1] for j in inverse]).flatten(0, 1)
+            n = len(offsets)
+            return cos[None, :, None, :].expand(n, -1, -1, -1), sin[None, :, None, :].expand(n, -1, -1, -1)
         tables = [rope_3d(self.cfg.attention_head_dim, o, f, hh, ww, device) for o in offsets]
         cos = torch.stack([c for c, _ in tables])[:, :, None, :]  # (B, L, 1, hd)
         sin = torch.stack([s for _, s in tables])[:, :, None, :]
@@ -633,15 +649,21 @@ class CausalWan(nn.Module):
         text: Sequence[TextKV],
         frame_mask: torch.Tensor,
         actions: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Whole clips: x (B, C, F, H, W), one timestep per frame t (B, F), frame mask (F, F) bool."""
+        """Whole clips: x (B, C, F, H, W), one timestep per frame t (B, F), frame mask (F, F) bool.
+
+        `positions` (F,) int64 gives each frame's RoPE frame index (default 0..F-1). Repeated
+        indices let one sequence hold two copies of a frame, e.g. a clean context copy and a
+        noisy copy for teacher-forced training (CausVid); the mask decides who sees whom.
+        """
         tokens, grid = self._embed(x)
         tpf = grid[1] * grid[2]
-        rope = self._rope([0] * x.shape[0], grid, x.device)
+        rope = self._rope([0] * x.shape[0], grid, x.device, positions)
         temb, tproj = self._time(t, x.dtype)  # (B, F, dim), (B, F, 6, dim)
         temb = temb.repeat_interleave(tpf, dim=1)
         mod = tproj.repeat_interleave(tpf, dim=1)
-        attn = _DenseAttn(frame_mask, tpf)
+        attn = _DenseAttn(frame_mask, tpf, positions)
         for i, blk in enumerate(self.blocks):
             tokens = blk(tokens, mod, rope, text, i, attn, actions, [0] * x.shape[0])
         return self._head(tokens, temb, grid)

@@ -2,13 +2,22 @@
 
 A model directory has diffusers' layout plus one file of serving settings::
 
-    DIR/worldserve.json                      {"world": WorldConfig, "transformer": CausalWanConfig}
+    DIR/worldserve.json                      {"world": WorldConfig, "transformer": CausalWanConfig,
+                                              "decoder": {"kind": "wan" | "fast"},      (default wan)
+                                              "start_image": {"kind": "game", "size": 64}} (optional)
     DIR/transformer/diffusion_pytorch_model.safetensors
-    DIR/vae/config.json                      AutoencoderKLWan config
+    DIR/vae/config.json                      AutoencoderKLWan config, or FastAEConfig for "fast"
     DIR/vae/diffusion_pytorch_model.safetensors
 
 `transformer/config.json` is accepted too when worldserve.json has no "transformer" entry,
 so a plain diffusers Wan checkpoint loads with only a small worldserve.json beside it.
+The decoder kind picks the autoencoder class: diffusers' `AutoencoderKLWan` behind
+`WanStreamingVAE`, or our `FastAutoencoder` behind `FastStreamingDecoder`. A "start_image" entry
+gives image-started worlds a seed -> frame function, so sessions need not send `open.image`
+("game": the built-in simulator's first frame for the seed).
+
+Registered names: `tiny-random` (seeded random weights, for tests) and `tiny-world` (the shipped
+world of models/tiny_world/, the default).
 """
 
 from __future__ import annotations
@@ -17,18 +26,23 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from diffusers import AutoencoderKLWan
 from safetensors.torch import load_file, save_file
 
 from models.causal_wan import ActionConfig, CausalWan, CausalWanConfig
+from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
 from models.sampler import FlowSchedule
-from models.vae import WanStreamingVAE
+from models.tiny_world import WEIGHTS_DIR as TINY_WORLD_DIR
+from models.vae import StreamingDecoder, WanStreamingVAE
 from models.world import World, WorldConfig
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 # diffusers' own loader drops these keys (Wan I2V leftovers); so do we.
 IGNORED_KEYS = ("norm_added_q",)
+DECODER_KINDS = ("wan", "fast")  # worldserve.json "decoder.kind" values
+START_IMAGE_KINDS = ("game",)  # worldserve.json "start_image.kind" values
 
 
 class UnknownModelError(KeyError):
@@ -82,22 +96,72 @@ def tiny_random_configs() -> tuple[WorldConfig, CausalWanConfig, dict]:
     return world, dit, vae
 
 
+def start_image_fn(spec: dict | None) -> Callable[[int], np.ndarray] | None:
+    """The seed -> start frame function a worldserve.json "start_image" entry names (None: none)."""
+    if spec is None:
+        return None
+    kind = spec.get("kind")
+    if kind not in START_IMAGE_KINDS:
+        raise ValueError(f"unknown start_image kind {kind!r}; known: {list(START_IMAGE_KINDS)}")
+    from models.tiny_world import start_image  # the game's first frame
+
+    size = int(spec.get("size", 64))
+    return lambda seed: start_image(seed, size)
+
+
+def build_decoder(
+    vae: dict | FastAEConfig,
+    kind: str = "wan",
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> StreamingDecoder:
+    """A streaming decoder with random weights: Wan's VAE from its config dict, or ours."""
+    if kind == "wan":
+        assert isinstance(vae, dict)
+        autoencoder = AutoencoderKLWan(**vae).to(device=device)
+        if dtype != torch.float32:
+            autoencoder = autoencoder.to(dtype=dtype)
+        return WanStreamingVAE(autoencoder)
+    if kind == "fast":
+        cfg = vae if isinstance(vae, FastAEConfig) else FastAEConfig.from_dict(vae)
+        return FastStreamingDecoder(FastAutoencoder(cfg).to(device=device, dtype=dtype))
+    raise ValueError(f"unknown decoder kind {kind!r}; known: {list(DECODER_KINDS)}")
+
+
+def decoder_module(decoder: StreamingDecoder) -> torch.nn.Module:
+    """The nn.Module holding a streaming decoder's weights."""
+    if isinstance(decoder, FastStreamingDecoder):
+        return decoder.ae
+    if isinstance(decoder, WanStreamingVAE):
+        return decoder.vae
+    raise TypeError(f"cannot save a {type(decoder).__name__}")
+
+
+def decoder_kind(decoder: StreamingDecoder) -> str:
+    """The worldserve.json decoder kind of a streaming decoder."""
+    return "fast" if isinstance(decoder, FastStreamingDecoder) else "wan"
+
+
 def build_world(
     world: WorldConfig,
     dit: CausalWanConfig,
-    vae: dict,
+    vae: dict | FastAEConfig,
     seed: int | None = 0,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    decoder: str = "wan",
+    start_image: Callable[[int], np.ndarray] | None = None,
 ) -> World:
-    """Construct a world from configs; weights random from `seed` (None: leave torch's RNG alone)."""
+    """Construct a world from configs; weights random from `seed` (None: leave torch's RNG alone).
+
+    `decoder` is the decoder kind ("wan": `vae` is an AutoencoderKLWan config; "fast": a
+    FastAEConfig or its dict).
+    """
     if seed is not None:
         torch.manual_seed(seed)
     transformer = CausalWan(dit).to(device=device, dtype=dtype)
-    autoencoder = AutoencoderKLWan(**vae).to(device=device)
-    if dtype != torch.float32:
-        autoencoder = autoencoder.to(dtype=dtype)
-    return World(world, transformer, WanStreamingVAE(autoencoder), device=device, dtype=dtype)
+    dec = build_decoder(vae, decoder, device, dtype)
+    return World(world, transformer, dec, device=device, dtype=dtype, start_image=start_image)
 
 
 def load_state(module: torch.nn.Module, path: Path) -> None:
@@ -119,20 +183,37 @@ def load_state(module: torch.nn.Module, path: Path) -> None:
     module.load_state_dict(state, strict=True)
 
 
-def save_world(world: World, path: str | Path, vae_config: dict) -> None:
-    """Write a world as a model directory (see the module docstring)."""
+def save_world(
+    world: World, path: str | Path, vae_config: dict | None = None, start_image: dict | None = None
+) -> None:
+    """Write a world as a model directory (see the module docstring).
+
+    `vae_config` is the AutoencoderKLWan config of a Wan-decoder world (a fast decoder writes its
+    own); `start_image` is the worldserve.json "start_image" entry, if any.
+    """
     root = Path(path)
     (root / "transformer").mkdir(parents=True, exist_ok=True)
     (root / "vae").mkdir(parents=True, exist_ok=True)
-    meta = {"world": world.config.to_dict(), "transformer": world.transformer.cfg.to_dict()}
+    kind = decoder_kind(world.decoder)
+    meta: dict = {
+        "world": world.config.to_dict(),
+        "transformer": world.transformer.cfg.to_dict(),
+        "decoder": {"kind": kind},
+    }
+    if start_image is not None:
+        meta["start_image"] = start_image
     (root / "worldserve.json").write_text(json.dumps(meta, indent=2))
+    module = decoder_module(world.decoder)
+    if kind == "fast":
+        vae_config = {"_class_name": "FastAutoencoder", **module.cfg.to_dict()}  # type: ignore[union-attr]
+    elif vae_config is None:
+        vae_config = {k: v for k, v in dict(module.config).items() if not k.startswith("_")}  # type: ignore[union-attr]
     (root / "vae" / "config.json").write_text(json.dumps(vae_config, indent=2))
     save_file(
         {k: v.contiguous() for k, v in world.transformer.state_dict().items()},
         str(root / "transformer" / WEIGHTS),
     )
-    vae = world.decoder.vae  # type: ignore[attr-defined]
-    save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, str(root / "vae" / WEIGHTS))
+    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(root / "vae" / WEIGHTS))
 
 
 def load_world(
@@ -147,19 +228,30 @@ def load_world(
     if tcfg is None:
         tcfg = json.loads((root / "transformer" / "config.json").read_text()) | meta.get("rollout", {})
     dit = CausalWanConfig.from_dict(tcfg)
+    kind = meta.get("decoder", {}).get("kind", "wan")
     vae_cfg = json.loads((root / "vae" / "config.json").read_text())
     vae_cfg = {k: v for k, v in vae_cfg.items() if not k.startswith("_")}
-    world = build_world(WorldConfig.from_dict(meta["world"]), dit, vae_cfg, seed=None)
+    world = build_world(
+        WorldConfig.from_dict(meta["world"]),
+        dit,
+        vae_cfg,
+        seed=None,
+        decoder=kind,
+        start_image=start_image_fn(meta.get("start_image")),
+    )
     load_state(world.transformer, root / "transformer" / WEIGHTS)
-    load_state(world.decoder.vae, root / "vae" / WEIGHTS)  # type: ignore[attr-defined]
+    load_state(decoder_module(world.decoder), root / "vae" / WEIGHTS)
     if torch.device(device) == torch.device("cpu") and dtype == torch.float32:
         return world
+    module = decoder_module(world.decoder).to(device=device, dtype=dtype)
+    dec = FastStreamingDecoder(module) if kind == "fast" else WanStreamingVAE(module)  # type: ignore[arg-type]
     return World(
         world.config,
         world.transformer.to(device=device, dtype=dtype),
-        WanStreamingVAE(world.decoder.vae.to(device=device, dtype=dtype)),  # type: ignore[attr-defined]
+        dec,
         device=device,
         dtype=dtype,
+        start_image=world._start_image,
     )
 
 
@@ -167,11 +259,16 @@ def _tiny_random(device: torch.device | str, dtype: torch.dtype) -> World:
     return build_world(*tiny_random_configs(), seed=0, device=device, dtype=dtype)
 
 
+def _tiny_world(device: torch.device | str, dtype: torch.dtype) -> World:
+    return load_world(TINY_WORLD_DIR, device, dtype)
+
+
 # name -> builder(device, dtype). Directory-backed entries are added by the packages that ship them.
 REGISTRY: dict[str, Callable[[torch.device | str, torch.dtype], World]] = {
     "tiny-random": _tiny_random,
+    "tiny-world": _tiny_world,
 }
-DEFAULT_MODEL = "tiny-random"
+DEFAULT_MODEL = "tiny-world"
 
 
 def from_name(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> World:

@@ -1,0 +1,439 @@
+"""Evaluate the tiny world against the game it was trained on, driving it through the Engine.
+
+    python benchmarks/tiny_world_eval.py [--model tiny-world|DIR] [--seeds 50] [--out benchmarks/results]
+
+Every rollout is what the server serves: `Engine.add_stream(seed)` prefills the seed's first frame,
+then lockstep chunks carry one action per video frame. Held-out worlds (seeds >= 1_000_000; the
+trainer uses seeds from 0) with the training distribution of actions (`random_policy`).
+
+Measures (JSON in --out/tiny_world_eval.json, plots tiny_world_psnr.png and tiny_world_strip.png):
+
+* PSNR vs the simulator by horizon (frames 1-8, 9-32, 33-64, and 1-32 for the target), against
+  three references: the autoencoder's own reconstruction (the decoder's ceiling), repeating the
+  start frame, and an oracle that shifts the start frame by the true camera motion (what a model
+  that cannot see off-screen could at best do with edge-copied borders);
+* player position: the magenta sprite's centroid in each generated frame vs the simulator's
+  screen position; share of frames within 2 px (missing sprite = a miss);
+* motion probe: hold a key for 16 frames where the simulator walks freely; the world displacement
+  read from the model's frames vs the simulator's 16 px;
+* wall probe: hold a key toward a nearby wall; the world displacement read from the frames
+  (camera scroll + sprite motion) must stop where the simulator stops (within 2 px);
+* return probe: a*16 then d*16 comes back to the start view; PSNR of the model's frame 32 vs the
+  simulator's frame 32 and vs the model's own frame 0;
+* 512-frame rollouts: no NaN in the KV cache, per-frame statistics inside the simulator's range,
+  sprite still present, PSNR by 64-frame segment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models.actions import FrameAction
+from models.game import GameConfig, SimResult, parse_action_script, random_policy, simulate
+from models.registry import from_name
+from models.tiny_world.metrics import frame_stats, position_errors, psnr, world_displacement
+from models.world import Conditioning, World
+from runtime.engine import Engine
+from runtime.requests import ChunkCommitted, ChunkRequest
+
+EVAL_SEED_BASE = 1_000_000  # held-out worlds: the trainer uses seeds 0 .. episodes - 1
+HORIZONS = {"1-8": (1, 8), "9-32": (9, 32), "33-64": (33, 64), "1-32": (1, 32)}
+
+
+# --- driving the engine ------------------------------------------------------------------------
+
+
+def rollouts(
+    engine: Engine, model_id: str, seeds: Sequence[int], scripts: Sequence[Sequence[frozenset[str]]]
+) -> tuple[list[np.ndarray], list[bool]]:
+    """Run one stream per (seed, actions) together (the engine batches them); return each stream's
+    frames (N+1, H, W, 3) — frame 0 is the prefilled start image — and whether its KV cache holds
+    a NaN at the end."""
+    world = engine.worlds[model_id]
+    per_chunk = world.chunk_frames * world.layout.frames_per_latent
+    out: dict[str, dict[int, np.ndarray]] = {}
+    todo: dict[str, list[list[FrameAction]]] = {}
+    for i, (seed, script) in enumerate(zip(seeds, scripts, strict=True)):
+        if len(script) % per_chunk:
+            raise ValueError(f"{len(script)} actions is not a whole number of {per_chunk}-frame chunks")
+        sid = f"eval-{i}"
+        engine.add_stream(sid, model_id, Conditioning(seed=int(seed)))
+        engine.submit(ChunkRequest(sid, engine.new_request_id()))  # the prefill chunk (frame 0)
+        acts = [FrameAction(frozenset(k)) for k in script]
+        todo[sid] = [acts[j : j + per_chunk] for j in range(0, len(acts), per_chunk)]
+        out[sid] = {}
+    while engine.has_work() or any(todo.values()):
+        for sid, chunks in todo.items():
+            while chunks and engine.scheduler.queued(sid) < 2:
+                engine.submit(ChunkRequest(sid, engine.new_request_id(), actions=chunks.pop(0)))
+        for o in engine.step():
+            if not isinstance(o, ChunkCommitted):
+                raise RuntimeError(f"chunk did not commit: {o}")
+            out[o.stream_id][o.frame0] = o.frames
+    frames, nan = [], []
+    for i in range(len(seeds)):
+        sid = f"eval-{i}"
+        parts = out[sid]
+        frames.append(np.concatenate([parts[k] for k in sorted(parts)]))
+        kv = engine.runner.streams[sid].state.kv
+        nan.append(bool(torch.isnan(kv.k).any() or torch.isnan(kv.v).any()))
+        engine.remove_stream(sid)
+    engine.step()  # frees the removed streams
+    return frames, nan
+
+
+def batched(
+    engine: Engine, model_id: str, seeds: Sequence[int], scripts: Sequence, batch: int
+) -> tuple[list[np.ndarray], list[bool]]:
+    frames, nan = [], []
+    for i in range(0, len(seeds), batch):
+        f, n = rollouts(engine, model_id, seeds[i : i + batch], scripts[i : i + batch])
+        frames += f
+        nan += n
+    return frames, nan
+
+
+def ae_reconstruction(world: World, frames: np.ndarray) -> np.ndarray:
+    """The autoencoder's round trip of ground-truth frames (the decoder's quality ceiling)."""
+    dec = world.decoder
+    out, _ = dec.decode(dec.encode(frames), dec.init_cache())
+    return out.cpu().numpy()
+
+
+def oracle_shift(sim: SimResult, scale: float = 1.0) -> np.ndarray:
+    """A model that knows the true camera motion but only what frame 0 showed: frame 0 shifted by
+    the camera's move, with the newly revealed border copied from the nearest edge pixel. Creatures
+    stay where they were. This bounds what any model that cannot see off-screen could score."""
+    cam = (sim.player_world_pos - sim.player_pos / scale) * scale  # (N+1, 2) camera corner, pixels
+    f0 = sim.frames[0]
+    h, w = f0.shape[:2]
+    out = np.empty_like(sim.frames)
+    for t in range(len(sim.frames)):
+        dx, dy = np.round(cam[t] - cam[0]).astype(int)
+        ys, xs = np.clip(np.arange(h) + dy, 0, h - 1), np.clip(np.arange(w) + dx, 0, w - 1)
+        out[t] = f0[ys][:, xs]
+    return out
+
+
+# --- probes ------------------------------------------------------------------------------------
+
+
+def find_wall_cases(n: int, hold: int, config: GameConfig) -> list[tuple[int, str, int]]:
+    """(seed, key, frames until blocked) for held-out worlds where holding `key` from the spawn
+    hits a wall after 4..hold-8 frames (so the probe sees motion, then blocking)."""
+    cases = []
+    seed = EVAL_SEED_BASE + 5000
+    while len(cases) < n:
+        for key, axis, sign in (("a", 0, -1), ("d", 0, 1), ("w", 1, -1), ("s", 1, 1)):
+            pos = simulate(seed, [frozenset({key})] * hold, config).player_world_pos[:, axis] * sign
+            moved = np.diff(pos) > 0
+            stop = int(np.argmin(moved)) if not moved.all() else hold
+            if 4 <= stop <= hold - 8 and not moved[stop:].any():
+                cases.append((seed, key, stop))
+                break
+        seed += 1
+    return cases
+
+
+def wall_probe(engine: Engine, model_id: str, n: int, batch: int) -> dict:
+    hold = 24
+    cfg = GameConfig()
+    cases = find_wall_cases(n, hold, cfg)
+    scripts = [[frozenset({k})] * hold for _, k, _ in cases]
+    frames, _ = batched(engine, model_id, [s for s, _, _ in cases], scripts, batch)
+    rows = []
+    for (seed, key, stop), f in zip(cases, frames, strict=True):
+        axis = 0 if key in "ad" else 1
+        sign = -1 if key in "aw" else 1
+        sim = simulate(seed, scripts[0][:0] + [frozenset({key})] * hold, cfg)
+        truth = (sim.player_world_pos[:, axis] - sim.player_world_pos[0, axis]) * sign
+        est = world_displacement(f, axis) * sign
+        rows.append(
+            {
+                "seed": seed,
+                "key": key,
+                "blocked_after": stop,
+                "sim_final": float(truth[-1]),
+                "model_final": float(est[-1]),
+                "model_at_block": float(est[stop]),
+                "correct": bool(abs(est[-1] - truth[-1]) <= 2.0),
+            }
+        )
+    return {
+        "hold_frames": hold,
+        "cases": rows,
+        "correct_fraction": float(np.mean([r["correct"] for r in rows])),
+        "mean_abs_final_error_px": float(np.mean([abs(r["model_final"] - r["sim_final"]) for r in rows])),
+    }
+
+
+def motion_probe(engine: Engine, model_id: str, n: int, batch: int, hold: int = 16) -> dict:
+    """Hold one key for `hold` frames where the simulator walks freely with the camera following:
+    does the model's world move by the same amount (read from its frames)?"""
+    cfg = GameConfig()
+    cases: list[tuple[int, str, int, int]] = []
+    seed = EVAL_SEED_BASE + 7000
+    keys = (("d", 0, 1), ("a", 0, -1), ("s", 1, 1), ("w", 1, -1))
+    while len(cases) < n:
+        key, axis, sign = keys[len(cases) % 4]
+        sim = simulate(seed, [frozenset({key})] * hold, cfg)
+        moved = (sim.player_world_pos[-1, axis] - sim.player_world_pos[0, axis]) * sign
+        if moved == hold and np.all(sim.player_pos == sim.player_pos[0]):
+            cases.append((seed, key, axis, sign))
+        seed += 1
+    scripts = [[frozenset({k})] * hold for _, k, _, _ in cases]
+    frames, _ = batched(engine, model_id, [c[0] for c in cases], scripts, batch)
+    got, across = [], []
+    for f, (_, _, axis, sign) in zip(frames, cases, strict=True):
+        got.append(world_displacement(f, axis)[-1] * sign)
+        across.append(world_displacement(f, 1 - axis)[-1])
+    got, across = np.array(got), np.array(across)
+    return {
+        "hold_frames": hold,
+        "cases": len(cases),
+        "within_2px_fraction": float(np.mean(np.abs(got - hold) <= 2.0)),
+        "mean_displacement_px": float(got.mean()),
+        "mean_abs_error_px": float(np.abs(got - hold).mean()),
+        "mean_abs_drift_across_px": float(np.abs(across).mean()),
+    }
+
+
+def return_probe(engine: Engine, model_id: str, n: int, batch: int) -> dict:
+    script = parse_action_script("a*16,d*16")
+    cfg = GameConfig()
+    seeds = []
+    seed = EVAL_SEED_BASE + 9000
+    while len(seeds) < n:  # worlds where the walk is free and the camera follows (frame 32 == 0)
+        sim = simulate(seed, script, cfg)
+        wx = sim.player_world_pos[:, 0] - sim.player_world_pos[0, 0]
+        centred = np.all(np.abs(sim.player_pos[:, 0] - sim.player_pos[0, 0]) < 0.5)
+        if wx[16] == -16 and wx[32] == 0 and centred:
+            seeds.append(seed)
+        seed += 1
+    frames, _ = batched(engine, model_id, seeds, [script] * len(seeds), batch)
+    sims = [simulate(s, script, cfg).frames for s in seeds]
+    vs_sim = [float(psnr(f[32], s[32])) for f, s in zip(frames, sims, strict=True)]
+    vs_own0 = [float(psnr(f[32], f[0])) for f in frames]
+    sim_self = [float(psnr(s[32], s[0])) for s in sims]
+    at16 = [float(psnr(f[16], s[16])) for f, s in zip(frames, sims, strict=True)]
+    return {
+        "script": "a*16,d*16",
+        "seeds": seeds,
+        "psnr_frame32_vs_sim": float(np.mean(vs_sim)),
+        "psnr_frame32_vs_own_frame0": float(np.mean(vs_own0)),
+        "psnr_sim_frame32_vs_sim_frame0": float(np.mean(sim_self)),
+        "psnr_frame16_vs_sim": float(np.mean(at16)),
+    }
+
+
+def long_rollouts(engine: Engine, model_id: str, seeds: Sequence[int], n_frames: int, batch: int) -> dict:
+    scripts = [random_policy(s, n_frames) for s in seeds]
+    frames, nan = batched(engine, model_id, seeds, scripts, batch)
+    sims = [simulate(s, a) for s, a in zip(seeds, scripts, strict=True)]
+    sim_stats = np.concatenate([frame_stats(s.frames) for s in sims])
+    lo, hi = sim_stats.min(axis=0), sim_stats.max(axis=0)
+    tol = 8.0  # intensity levels of slack on each statistic
+    inside, present, pos_ok, seg_psnr = [], [], [], []
+    for f, sim in zip(frames, sims, strict=True):
+        st = frame_stats(f)
+        inside.append(np.all((st >= lo - tol) & (st <= hi + tol), axis=1))
+        err = position_errors(f, sim.player_pos)
+        present.append(np.isfinite(err))
+        pos_ok.append(err <= 2.0)
+        p = psnr(f, sim.frames)
+        seg_psnr.append([float(p[i : i + 64].mean()) for i in range(1, n_frames, 64)])
+    inside_all = np.concatenate(inside)
+    return {
+        "seeds": list(seeds),
+        "frames": n_frames,
+        "nan_in_kv": any(nan),
+        "stats_in_sim_range_fraction": float(inside_all.mean()),
+        "stats_tolerance_levels": tol,
+        "sim_stats_range": {"min": lo.round(2).tolist(), "max": hi.round(2).tolist()},
+        "model_stats_range": {
+            "min": np.concatenate([frame_stats(f) for f in frames]).min(axis=0).round(2).tolist(),
+            "max": np.concatenate([frame_stats(f) for f in frames]).max(axis=0).round(2).tolist(),
+        },
+        "sprite_present_fraction": float(np.concatenate(present).mean()),
+        "position_within_2px_fraction": float(np.concatenate(pos_ok).mean()),
+        "psnr_by_64_frame_segment": np.mean(seg_psnr, axis=0).round(2).tolist(),
+        "collapsed": bool(any(nan) or inside_all.mean() < 0.95),
+    }
+
+
+# --- pictures ----------------------------------------------------------------------------------
+
+
+def plot_psnr(curves: dict[str, np.ndarray], path: Path, target: float = 22.0) -> None:
+    """A line plot of PSNR (dB) vs frame for each named curve (Pillow only)."""
+    w, h, left, bottom, top, right = 720, 400, 60, 50, 20, 170
+    img = Image.new("RGB", (w, h), "white")
+    d = ImageDraw.Draw(img)
+    n = max(len(c) for c in curves.values())
+    ymin, ymax = 10.0, 40.0
+    px = lambda i: left + (w - left - right) * (i - 1) / max(1, n - 1)  # noqa: E731
+    py = lambda v: top + (h - top - bottom) * (1 - (min(max(v, ymin), ymax) - ymin) / (ymax - ymin))  # noqa: E731
+    d.rectangle([left, top, w - right, h - bottom], outline="black")
+    for v in range(int(ymin), int(ymax) + 1, 5):
+        d.line([left - 4, py(v), left, py(v)], fill="black")
+        d.text((left - 30, py(v) - 6), f"{v}", fill="black")
+        d.line([left, py(v), w - right, py(v)], fill=(230, 230, 230))
+    for i in (1, 8, 16, 32, 48, 64):
+        if i <= n:
+            d.line([px(i), h - bottom, px(i), h - bottom + 4], fill="black")
+            d.text((px(i) - 6, h - bottom + 8), str(i), fill="black")
+    d.line([left, py(target), w - right, py(target)], fill=(200, 0, 0))
+    d.text((w - right + 8, py(target) - 6), f"target {target:g} dB", fill=(200, 0, 0))
+    colours = [(0, 90, 200), (0, 150, 60), (150, 150, 150), (200, 120, 0)]
+    for k, (name, c) in enumerate(curves.items()):
+        pts = [(px(i + 1), py(float(v))) for i, v in enumerate(c)]
+        d.line(pts, fill=colours[k % len(colours)], width=2)
+        d.text((w - right + 8, top + 16 * k), name, fill=colours[k % len(colours)])
+    d.text((w // 2 - 60, h - 20), "frame (horizon)", fill="black")
+    d.text((8, top), "PSNR dB", fill="black")
+    img.save(path)
+
+
+def strip(sim_rows: list[np.ndarray], model_rows: list[np.ndarray], idx: Sequence[int], path: Path) -> None:
+    """Simulator frames above model frames at the given indices, for each seed, 2x upscaled."""
+    size = sim_rows[0].shape[1] * 2
+    pad = 4
+    label_h = 14
+    n_rows = 2 * len(sim_rows)
+    img = Image.new("RGB", (len(idx) * (size + pad) + pad, label_h + n_rows * (size + pad) + pad), "white")
+    d = ImageDraw.Draw(img)
+    for j, i in enumerate(idx):
+        d.text((pad + j * (size + pad), 1), f"f{i}", fill="black")
+    for r, (sim, model) in enumerate(zip(sim_rows, model_rows, strict=True)):
+        for k, frames in enumerate((sim, model)):
+            y = label_h + (2 * r + k) * (size + pad)
+            for j, i in enumerate(idx):
+                tile = Image.fromarray(frames[i]).resize((size, size), Image.NEAREST)
+                img.paste(tile, (pad + j * (size + pad), y))
+    img.save(path)
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="tiny-world", help="registry name or model directory")
+    parser.add_argument("--seeds", type=int, default=50, help="held-out worlds for the horizon metrics")
+    parser.add_argument(
+        "--seed-base",
+        type=int,
+        default=EVAL_SEED_BASE,
+        help="first world (use another range to tune settings)",
+    )
+    parser.add_argument("--frames", type=int, default=64, help="frames per scripted rollout")
+    parser.add_argument("--long-frames", type=int, default=512, help="frames of the stability rollouts")
+    parser.add_argument("--long-seeds", type=int, default=4, help="worlds of the stability rollouts")
+    parser.add_argument("--probe-cases", type=int, default=12, help="worlds per probe")
+    parser.add_argument("--batch", type=int, default=8, help="streams the engine batches together")
+    parser.add_argument("--steps", default=None, help="override the schedule's steps, e.g. 1000,500")
+    parser.add_argument("--context-noise", type=float, default=None, help="override context_noise")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--tag", default="", help="suffix of the output file names")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+
+    t_start = time.perf_counter()
+    world = from_name(args.model)
+    if args.steps:
+        steps = tuple(int(s) for s in args.steps.split(","))
+        world.config.schedule = dataclasses.replace(world.config.schedule, steps=steps)
+    if args.context_noise is not None:
+        world.config.context_noise = args.context_noise
+    mid = world.config.id
+    engine = Engine({mid: world}, max_batch=args.batch, max_streams=max(16, args.batch))
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    seeds = [args.seed_base + i for i in range(args.seeds)]
+    scripts = [random_policy(s, args.frames) for s in seeds]
+    frames, nan = batched(engine, mid, seeds, scripts, args.batch)
+    sims = [simulate(s, a) for s, a in zip(seeds, scripts, strict=True)]
+    p = np.stack([psnr(f, s.frames) for f, s in zip(frames, sims, strict=True)])  # (S, N+1)
+    p_ae = np.stack([psnr(ae_reconstruction(world, s.frames), s.frames) for s in sims])
+    p_copy = np.stack([psnr(np.repeat(s.frames[:1], len(s.frames), 0), s.frames) for s in sims])
+    p_oracle = np.stack([psnr(oracle_shift(s), s.frames) for s in sims])
+    err = np.stack([position_errors(f, s.player_pos) for f, s in zip(frames, sims, strict=True)])
+
+    def horizon(arr: np.ndarray) -> dict[str, float]:
+        return {k: float(arr[:, a : b + 1].mean()) for k, (a, b) in HORIZONS.items() if b < arr.shape[1]}
+
+    def within(arr: np.ndarray, a: int, b: int) -> float:
+        return float((arr[:, a : b + 1] <= 2.0).mean())
+
+    finite = err[:, 1:33][np.isfinite(err[:, 1:33])]
+    results = {
+        "model": args.model,
+        "world": world.config.to_dict(),
+        "seeds": {"first": seeds[0], "count": len(seeds)},
+        "frames": args.frames,
+        "psnr_db": horizon(p),
+        "psnr_db_ae_ceiling": horizon(p_ae),
+        "psnr_db_repeat_start_frame": horizon(p_copy),
+        "psnr_db_oracle_shift": horizon(p_oracle),
+        "psnr_db_curve": p[:, 1:].mean(axis=0).round(3).tolist(),
+        "position": {
+            "within_2px_frames_1_32": within(err, 1, 32),
+            "within_2px_frames_33_64": within(err, 33, min(64, args.frames)),
+            "sprite_missing_frames_1_32": float(np.isinf(err[:, 1:33]).mean()),
+            "mean_error_px_frames_1_32_when_present": float(finite.mean()) if finite.size else math.inf,
+        },
+        "nan_in_kv": any(nan),
+    }
+    keys = ("psnr_db", "psnr_db_ae_ceiling", "psnr_db_oracle_shift", "position")
+    print(json.dumps({k: results[k] for k in keys}, indent=1))
+    results["wall_probe"] = wall_probe(engine, mid, args.probe_cases, args.batch)
+    print("wall", results["wall_probe"]["correct_fraction"], results["wall_probe"]["mean_abs_final_error_px"])
+    results["motion_probe"] = motion_probe(engine, mid, 2 * args.probe_cases, args.batch)
+    print("motion", results["motion_probe"])
+    results["return_probe"] = return_probe(engine, mid, args.probe_cases, args.batch)
+    print("return", {k: v for k, v in results["return_probe"].items() if k != "seeds"})
+    if args.long_frames:
+        long_seeds = [EVAL_SEED_BASE + 20000 + i for i in range(args.long_seeds)]
+        results["long_rollout"] = long_rollouts(engine, mid, long_seeds, args.long_frames, args.batch)
+        print("long", {k: v for k, v in results["long_rollout"].items() if "range" not in k})
+    results["targets"] = {
+        "psnr_1_32_ge_22db": results["psnr_db"]["1-32"] >= 22.0,
+        "position_within_2px_ge_90pct": results["position"]["within_2px_frames_1_32"] >= 0.9,
+        "no_collapse_512": (not results["long_rollout"]["collapsed"]) if args.long_frames else None,
+    }
+    results["eval_seconds"] = round(time.perf_counter() - t_start, 1)
+
+    tag = f"_{args.tag}" if args.tag else ""
+    (args.out / f"tiny_world_eval{tag}.json").write_text(json.dumps(results, indent=2))
+    plot_psnr(
+        {
+            "model": p[:, 1:].mean(axis=0),
+            "autoencoder ceiling": p_ae[:, 1:].mean(axis=0),
+            "repeat start frame": p_copy[:, 1:].mean(axis=0),
+            "oracle shift of frame 0": p_oracle[:, 1:].mean(axis=0),
+        },
+        args.out / f"tiny_world_psnr{tag}.png",
+    )
+    idx = [i for i in (0, 1, 4, 8, 16, 24, 32, 48, 64) if i <= args.frames]
+    strip([s.frames for s in sims[:3]], frames[:3], idx, args.out / f"tiny_world_strip{tag}.png")
+    print(f"wrote {args.out}/tiny_world_eval{tag}.json and the PNGs in {results['eval_seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

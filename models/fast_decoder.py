@@ -1,0 +1,318 @@
+"""A fast streaming autoencoder of our own: per-frame 2D convs plus an optional causal temporal input.
+
+Why: the full Wan VAE decode costs more than the DiT (shared/ANCHORS.md: ~43 ms per latent frame at
+352x640 on an H200, ~30 ms per frame even at tiny sizes on a CPU). A world only needs a decoder
+that is fast, causal and exact when streamed. This one keeps all spatial work per latent frame and
+puts time in exactly one place, the decoder's input conv, which sees the current latent frame and
+the `temporal_kernel - 1` latent frames before it. The streaming cache is those previous latent
+frames, so a chunk-by-chunk decode equals a whole-clip decode by construction.
+
+References (read, not copied): the Wan VAE (causal temporal conv with a cache of tail frames,
+first latent frame -> one video frame), LTX-Video / DC-AE (most compression in channels, decode by
+pixel shuffle), taesd (a tiny conv decoder standing in for a big VAE at preview speed).
+
+Layout::
+
+    encode  frames (T, H, W, 3) uint8
+              -> per frame: conv_in, [down (stride 2) + res block] x log2(spatial)  (c_last, h, w)
+              -> group `temporal` frames along channels (the first alone, repeated, when
+                 first_is_single) -> 1x1 conv -> normalised latents (C, n, h, w)
+    decode  latents (C, n, h, w) -> concat the latent frame with the temporal_kernel - 1 before it
+              -> per latent frame: conv_in, res blocks, [pixel-shuffle up + res block] x log2(spatial)
+              -> conv_out to 3 * temporal channels -> `temporal` video frames per latent frame
+
+Configs: the tiny world uses per-frame latents (temporal 1, kernel 1: no cache tensors at all);
+`FastAEConfig.wan_like()` is the shape that would sit behind full-size Wan latents (16 channels,
+8x spatial, 4x temporal, first latent frame -> one video frame, kernel 2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.actions import FrameLayout
+from models.vae import DecoderCache, to_uint8
+
+
+@dataclass
+class FastAEConfig:
+    """Shape of the fast autoencoder (stored as vae/config.json beside its weights)."""
+
+    latent_channels: int = 16  # C: channels of a latent frame
+    spatial: int = 8  # pixels per latent cell along each axis (a power of two)
+    temporal: int = 1  # video frames per latent frame
+    first_is_single: bool = False  # the first latent frame of a stream decodes to one video frame
+    temporal_kernel: int = 1  # latent frames the decoder sees per output: this one + k-1 before it
+    enc_channels: tuple[int, ...] = (16, 32, 64, 96)  # encoder widths, full resolution -> latent res
+    dec_channels: tuple[int, ...] = (128, 64, 32, 16)  # decoder widths, latent res -> full resolution
+    dec_mid_blocks: int = 1  # residual blocks at latent resolution in the decoder
+    dec_up_blocks: tuple[int, ...] = (1, 1, 0)  # residual blocks after each up-step (same order)
+    latents_mean: list[float] = field(default_factory=list)  # per channel; [] = 0 (set after training)
+    latents_std: list[float] = field(default_factory=list)  # per channel; [] = 1 (set after training)
+
+    def __post_init__(self) -> None:
+        levels = int(math.log2(self.spatial))
+        if 2**levels != self.spatial:
+            raise ValueError(f"spatial factor {self.spatial} must be a power of two")
+        if len(self.enc_channels) != levels + 1 or len(self.dec_channels) != levels + 1:
+            raise ValueError(f"spatial {self.spatial} needs {levels + 1} encoder and decoder widths")
+        if len(self.dec_up_blocks) != levels:
+            raise ValueError(f"dec_up_blocks needs {levels} entries")
+        if self.temporal < 1 or self.temporal_kernel < 1:
+            raise ValueError("temporal factor and kernel must be >= 1")
+        for name in ("latents_mean", "latents_std"):
+            values = getattr(self, name)
+            if values and len(values) != self.latent_channels:
+                raise ValueError(f"{name} needs {self.latent_channels} values")
+
+    @property
+    def layout(self) -> FrameLayout:
+        """How latent frames expand into video frames."""
+        return FrameLayout(frames_per_latent=self.temporal, first_is_single=self.first_is_single)
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (round-trips through `from_dict`)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> FastAEConfig:
+        """Inverse of `to_dict` (unknown keys, such as a `_class_name`, are ignored)."""
+        names = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        for key in ("enc_channels", "dec_channels", "dec_up_blocks"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
+        return cls(**kwargs)
+
+    @classmethod
+    def wan_like(cls) -> FastAEConfig:
+        """The shape that would decode full-size Wan2.1 latents (16 ch, 8x spatial, 4x temporal)."""
+        return cls(
+            latent_channels=16,
+            spatial=8,
+            temporal=4,
+            first_is_single=True,
+            temporal_kernel=2,
+            enc_channels=(32, 64, 128, 256),
+            dec_channels=(256, 128, 64, 32),
+            dec_mid_blocks=2,
+            dec_up_blocks=(1, 1, 1),
+        )
+
+
+# --- blocks --------------------------------------------------------------------------------------
+
+
+class ResBlock(nn.Module):
+    """x + conv(silu(conv(silu(x)))); the second conv starts at zero, so a new block is identity."""
+
+    def __init__(self, ch: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(ch, ch, 3, padding=1)
+        self.conv2 = nn.Conv2d(ch, ch, 3, padding=1)
+        nn.init.zeros_(self.conv2.weight)
+        nn.init.zeros_(self.conv2.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(F.silu(self.conv1(F.silu(x))))
+
+
+class Up(nn.Module):
+    """2x upsampling: a 3x3 conv to 4x the output width at low resolution, then pixel shuffle."""
+
+    def __init__(self, c_in: int, c_out: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, 4 * c_out, 3, padding=1)
+        self.shuffle = nn.PixelShuffle(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shuffle(self.conv(F.silu(x)))  # (N, c_out, 2h, 2w)
+
+
+class Encoder(nn.Module):
+    """Frames (N, 3, H, W) in [-1, 1] -> per-frame features (N, enc_channels[-1], H/s, W/s)."""
+
+    def __init__(self, cfg: FastAEConfig) -> None:
+        super().__init__()
+        ch = cfg.enc_channels
+        self.conv_in = nn.Conv2d(3, ch[0], 3, padding=1)
+        self.down = nn.ModuleList(
+            nn.Conv2d(ch[i], ch[i + 1], 3, stride=2, padding=1) for i in range(len(ch) - 1)
+        )
+        self.res = nn.ModuleList(ResBlock(ch[i + 1]) for i in range(len(ch) - 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv_in(x)
+        for down, res in zip(self.down, self.res, strict=True):
+            x = res(down(F.silu(x)))
+        return F.silu(x)
+
+
+class Decoder(nn.Module):
+    """Latent frames with their temporal context (N, k*C, h, w) -> video (N, 3*temporal, H, W)."""
+
+    def __init__(self, cfg: FastAEConfig) -> None:
+        super().__init__()
+        ch = cfg.dec_channels
+        self.conv_in = nn.Conv2d(cfg.temporal_kernel * cfg.latent_channels, ch[0], 3, padding=1)
+        self.mid = nn.Sequential(*(ResBlock(ch[0]) for _ in range(cfg.dec_mid_blocks)))
+        self.up = nn.ModuleList(
+            nn.Sequential(Up(ch[i], ch[i + 1]), *(ResBlock(ch[i + 1]) for _ in range(cfg.dec_up_blocks[i])))
+            for i in range(len(ch) - 1)
+        )
+        self.conv_out = nn.Conv2d(ch[-1], 3 * cfg.temporal, 3, padding=1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        x = self.mid(self.conv_in(z))
+        for up in self.up:
+            x = up(x)
+        return self.conv_out(F.silu(x))
+
+
+# --- the autoencoder -----------------------------------------------------------------------------
+
+
+class FastAutoencoder(nn.Module):
+    """Encoder + causal decoder over normalised latents; float tensors in and out (for training).
+
+    Latents are normalised per channel like Wan's: ``z = (z_raw - mean) / std`` with the
+    config's `latents_mean` / `latents_std` (kept as buffers so they travel with the weights).
+    """
+
+    def __init__(self, cfg: FastAEConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        c, t = cfg.latent_channels, cfg.temporal
+        self.encoder = Encoder(cfg)
+        self.quant = nn.Conv2d(t * cfg.enc_channels[-1], c, 1)
+        self.decoder = Decoder(cfg)
+        mean = cfg.latents_mean or [0.0] * c
+        std = cfg.latents_std or [1.0] * c
+        self.register_buffer("latents_mean", torch.tensor(mean).view(c, 1, 1, 1))
+        self.register_buffer("latents_std", torch.tensor(std).view(c, 1, 1, 1))
+
+    def set_normalisation(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        """Set the per-channel latent statistics (C,) and record them in the config."""
+        self.latents_mean.copy_(mean.view_as(self.latents_mean))
+        self.latents_std.copy_(std.view_as(self.latents_std))
+        self.cfg.latents_mean = [float(v) for v in mean.flatten()]
+        self.cfg.latents_std = [float(v) for v in std.flatten()]
+
+    def encode_raw(self, video: torch.Tensor) -> torch.Tensor:
+        """video (B, 3, T, H, W) in [-1, 1] -> raw latents (B, C, n, h, w), n = latent frames of T."""
+        cfg = self.cfg
+        b, _, t_len, hh, ww = video.shape
+        tf = cfg.temporal
+        if tf > 1:
+            if cfg.first_is_single:
+                video = torch.cat([video[:, :, :1].expand(-1, -1, tf - 1, -1, -1), video], dim=2)
+            if video.shape[2] % tf:
+                raise ValueError(f"{t_len} frames do not fill whole latent frames of {tf}")
+        frames = video.transpose(1, 2).reshape(-1, 3, hh, ww)  # (B*T', 3, H, W)
+        feats = self.encoder(frames)
+        _, cf, h, w = feats.shape
+        n = feats.shape[0] // (b * tf)
+        feats = feats.view(b * n, tf * cf, h, w)  # a latent frame's video frames side by side in channels
+        z = self.quant(feats).view(b, n, -1, h, w)  # (B, n, C, h, w)
+        return z.transpose(1, 2)  # (B, C, n, h, w)
+
+    def encode_float(self, video: torch.Tensor) -> torch.Tensor:
+        """video (B, 3, T, H, W) in [-1, 1] -> normalised latents (B, C, n, h, w)."""
+        return (self.encode_raw(video) - self.latents_mean) / self.latents_std
+
+    def decode_raw(
+        self, z: torch.Tensor, history: torch.Tensor | None = None, first: bool = True
+    ) -> torch.Tensor:
+        """Raw latents (B, C, n, h, w) -> video (B, 3, T, H, W) in [-1, 1] (not clamped).
+
+        `history` (B, C, k-1, h, w) holds the raw latent frames before `z` (None: the stream starts
+        here, zeros stand in); `first` says whether z[:, :, 0] is the stream's first latent frame.
+        """
+        cfg = self.cfg
+        k, tf = cfg.temporal_kernel, cfg.temporal
+        b, c, n, h, w = z.shape
+        if k > 1:
+            if history is None:
+                history = z.new_zeros(b, c, k - 1, h, w)
+            full = torch.cat([history, z], dim=2)  # (B, C, k-1+n, h, w)
+            ctx = torch.stack([full[:, :, i : i + n] for i in range(k)], dim=2)  # (B, C, k, n, h, w)
+            x = ctx.permute(0, 3, 2, 1, 4, 5).reshape(b * n, k * c, h, w)  # oldest frame first
+        else:
+            x = z.transpose(1, 2).reshape(b * n, c, h, w)
+        out = self.decoder(x)  # (B*n, 3*tf, H, W)
+        hh, ww = out.shape[-2:]
+        video = out.view(b, n * tf, 3, hh, ww).transpose(1, 2)  # (B, 3, n*tf, H, W)
+        if first and cfg.first_is_single and tf > 1:
+            video = video[:, :, tf - 1 :]  # the first latent frame keeps only its last video frame
+        return video
+
+    def decode_float(
+        self, z: torch.Tensor, history: torch.Tensor | None = None, first: bool = True
+    ) -> torch.Tensor:
+        """Normalised latents (B, C, n, h, w) -> video (B, 3, T, H, W) in [-1, 1] (not clamped).
+
+        `history` is in normalised units too.
+        """
+        raw = z * self.latents_std + self.latents_mean
+        hist = None if history is None else history * self.latents_std + self.latents_mean
+        return self.decode_raw(raw, hist, first)
+
+    def forward(self, video: torch.Tensor) -> torch.Tensor:
+        """Reconstruction of video (B, 3, T, H, W) in [-1, 1]."""
+        return self.decode_float(self.encode_float(video))
+
+
+class FastStreamingDecoder:
+    """`StreamingDecoder` over a `FastAutoencoder`: the cache is the last k-1 raw latent frames.
+
+    `decode(latents, cache)` returns a new cache and never mutates the one passed in (the cache
+    only ever holds fresh tensors, built by slicing and concatenation).
+    """
+
+    def __init__(self, ae: FastAutoencoder) -> None:
+        self.ae = ae.eval()
+        self.layout = ae.cfg.layout
+        self.spatial = ae.cfg.spatial
+
+    @property
+    def latent_channels(self) -> int:
+        """Channels of a latent frame."""
+        return self.ae.cfg.latent_channels
+
+    def init_cache(self) -> DecoderCache:
+        """The cache of a stream that has decoded nothing yet."""
+        return DecoderCache(feats=(), frames=0)
+
+    @torch.no_grad()
+    def decode_float(self, latents: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
+        """latents (C, n, h, w) normalised -> video (3, T, H, W) in [-1, 1] and the advanced cache."""
+        ae = self.ae
+        k = ae.cfg.temporal_kernel
+        z = latents.to(ae.latents_std.device, ae.latents_std.dtype)[None]  # (1, C, n, h, w)
+        raw = z * ae.latents_std + ae.latents_mean
+        history = cache.feats[0] if cache.feats else None  # raw latents (1, C, k-1, h, w)
+        video = ae.decode_raw(raw, history, first=cache.frames == 0)[0].clamp(-1, 1)
+        feats: tuple = ()
+        if k > 1:
+            prev = history if history is not None else raw.new_zeros(*raw.shape[:2], k - 1, *raw.shape[3:])
+            feats = (torch.cat([prev, raw], dim=2)[:, :, -(k - 1) :].clone(),)  # (1, C, k-1, h, w)
+        return video, DecoderCache(feats=feats, frames=cache.frames + z.shape[2])
+
+    def decode(self, latents: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
+        """latents (C, n, h, w) -> frames (T, H, W, 3) uint8 and the advanced cache."""
+        video, new = self.decode_float(latents, cache)
+        return to_uint8(video), new
+
+    @torch.no_grad()
+    def encode(self, frames: np.ndarray) -> torch.Tensor:
+        """frames (T, H, W, 3) uint8 -> normalised latents (C, n, h, w)."""
+        p = self.ae.latents_std
+        x = torch.from_numpy(np.ascontiguousarray(frames)).to(p.device, p.dtype)
+        x = (x / 127.5 - 1.0).permute(3, 0, 1, 2)[None]  # (1, 3, T, H, W)
+        return self.ae.encode_float(x)[0]

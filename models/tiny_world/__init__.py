@@ -1,0 +1,92 @@
+"""The embedded default world: a tiny causal Wan trained on the built-in game (`models.game`).
+
+Everything that defines the shipped model lives here as code, so the trainer, the registry and
+the benchmarks agree on it:
+
+* `ae_config()`    the fast autoencoder (models/fast_decoder.py): per-frame 8x8x8 latents of a 64x64 frame;
+* `dit_config()`   the causal Wan DiT with the keyboard action module (the game's KEYS, no mouse);
+* `world_config()` serving settings: 30 fps, image start, the few-step schedule, context noise;
+* `start_image(seed)` the simulator's first frame for a session seed (what a session starts from);
+* `WEIGHTS_DIR`    the shipped model directory (worldserve.json + transformer/ + vae/).
+
+Training: ``python -m models.tiny_world.train --out DIR`` (see train.py and MODEL_CARD.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from models.causal_wan import ActionConfig, CausalWanConfig
+from models.fast_decoder import FastAEConfig
+from models.game import FPS, KEYS, Game, GameConfig
+from models.sampler import FlowSchedule
+from models.world import WorldConfig
+
+NAME = "tiny-world"
+SIZE = 64  # frame height and width, pixels (the game's default)
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+
+
+def ae_config() -> FastAEConfig:
+    """Per-frame latents: 8x spatial, 8 channels (a 64x64 frame -> 8x8x8), no temporal mixing."""
+    return FastAEConfig(
+        latent_channels=8,
+        spatial=8,
+        temporal=1,
+        first_is_single=False,
+        temporal_kernel=1,
+        enc_channels=(16, 32, 64, 96),
+        dec_channels=(128, 64, 32, 16),
+        dec_mid_blocks=1,
+        dec_up_blocks=(1, 1, 0),
+    )
+
+
+def dit_config() -> CausalWanConfig:
+    """A 6-layer, 128-wide causal Wan; 4x4 tokens per latent frame; chunks of 4 frames."""
+    return CausalWanConfig(
+        patch_size=(1, 2, 2),
+        num_attention_heads=4,
+        attention_head_dim=32,
+        in_channels=8,
+        out_channels=8,
+        text_dim=16,  # no prompts: sessions use the null text (one zero token)
+        freq_dim=64,
+        ffn_dim=512,
+        num_layers=6,
+        chunk_frames=4,
+        window_frames=16,
+        sink_frames=0,
+        null_text_len=1,
+        action=ActionConfig(
+            keys=tuple(KEYS),
+            mouse=False,
+            vector_dim=0,
+            frames_per_latent=1,
+            blocks=6,
+            key_dim=64,
+            motion_dim=64,  # unused (no mouse, no vector)
+            heads=4,
+        ),
+    )
+
+
+def world_config() -> WorldConfig:
+    """Serving settings of the shipped world."""
+    return WorldConfig(
+        id=NAME,
+        fps=float(FPS),
+        width=SIZE,
+        height=SIZE,
+        schedule=FlowSchedule(steps=(1000, 750, 500, 250), shift=1.0, num_train=1000, prediction="flow"),
+        context_noise=0.0,
+        image_start=True,
+        description="tiny causal Wan trained on the built-in game (WASD + space), from the seed's world",
+    )
+
+
+def start_image(seed: int, size: int = SIZE) -> np.ndarray:
+    """(size, size, 3) uint8: the simulator's first frame for `seed` (before any action)."""
+    return Game(GameConfig(size=size)).reset(int(seed))

@@ -1,0 +1,58 @@
+"""Training data for the tiny world: simulator episodes under the persistent random policy.
+
+An episode is one world (a seed) played for N frames by `random_policy(seed, N)`::
+
+    frames  (N+1, H, W, 3)  frame 0 before any action, frame i after actions[i-1]
+    actions (N+1, width)    row i: the keys that *produced* frame i (row 0 is idle), laid out as
+                            the model's action rows [key multi-hot in KEYS order | mouse dx, dy = 0]
+
+Row i pairs with latent frame i, which is what the engine does too: the chunk that decodes to
+video frame i carries the action of that frame, and a session's first frame (the prefilled start
+image) carries an idle action.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from models.actions import ActionSpace
+from models.game import KEYS, GameConfig, encode_actions, random_policy, simulate
+
+# The action space of the tiny world (keys only); rows are ActionSpace.width wide.
+SPACE = ActionSpace(keys=tuple(KEYS), mouse=False, vector_dim=0)
+
+
+@dataclass
+class Episodes:
+    """A batch of simulator episodes of equal length."""
+
+    frames: np.ndarray  # (E, N+1, H, W, 3) uint8
+    actions: np.ndarray  # (E, N+1, width) float32 action rows (row 0 idle)
+    seeds: np.ndarray  # (E,) int64 world seeds
+
+    def __len__(self) -> int:
+        return self.frames.shape[0]
+
+
+def action_rows(actions: Sequence[Iterable[str]]) -> np.ndarray:
+    """(N+1, width) float32: an idle row for frame 0, then one row per action."""
+    keys = encode_actions(actions)  # (N, len(KEYS))
+    rows = np.zeros((len(actions) + 1, SPACE.width), dtype=np.float32)
+    rows[1:, : len(KEYS)] = keys
+    return rows
+
+
+def make_episodes(seeds: Sequence[int], n_actions: int, size: int = 64, progress: bool = False) -> Episodes:
+    """Simulate `random_policy(seed, n_actions)` in the world of every seed."""
+    config = GameConfig(size=size)
+    frames = np.empty((len(seeds), n_actions + 1, size, size, 3), dtype=np.uint8)
+    actions = np.empty((len(seeds), n_actions + 1, SPACE.width), dtype=np.float32)
+    for i, seed in enumerate(tqdm(seeds, desc="simulate", unit="ep", disable=not progress)):
+        policy = random_policy(int(seed), n_actions)
+        frames[i] = simulate(int(seed), policy, config).frames
+        actions[i] = action_rows(policy)
+    return Episodes(frames=frames, actions=actions, seeds=np.asarray(seeds, dtype=np.int64))

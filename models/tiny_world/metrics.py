@@ -1,0 +1,102 @@
+"""Measuring generated frames against the game (numpy only): PSNR, the player sprite, scrolling.
+
+* `psnr(a, b)`: per-frame PSNR in dB of uint8 frames (peak 255).
+* `player_centroid(frame)`: the centre of the magenta-ish pixels, in the simulator's convention
+  (pixel i spans [i, i + 1), so a pixel's centre is i + 0.5), or None when the sprite is missing.
+* `scroll_offset(a, b)`: the integer camera move (dx, dy) that best maps frame a onto frame b,
+  found by brute force over a small window with the player's box masked out;
+* `world_displacement(frames, axis)`: how far the player walked, from the frames alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+# A pixel is "magenta-ish" when red and blue are high and green is low. The simulator draws the
+# player in (255, 0, 255) and uses that colour nowhere else; these bounds also accept a
+# decoder's slightly-off reconstruction while rejecting creatures (222, 40, 36) and terrain.
+MAGENTA_MIN_RB = 150
+MAGENTA_MAX_G = 110
+MIN_SPRITE_PIXELS = 4  # fewer magenta pixels than this: the sprite is missing
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """PSNR (dB) per frame of uint8 frames (..., H, W, 3); identical frames give 100 dB."""
+    d = a.astype(np.float64) - b.astype(np.float64)
+    mse = (d * d).mean(axis=(-3, -2, -1))
+    return np.where(mse > 0, 10.0 * np.log10(255.0**2 / np.maximum(mse, 1e-12)), 100.0)
+
+
+def magenta_mask(frame: np.ndarray) -> np.ndarray:
+    """(H, W) bool: pixels that look like the player's colour."""
+    f = frame.astype(np.int16)
+    r, g, b = f[..., 0], f[..., 1], f[..., 2]
+    return (r >= MAGENTA_MIN_RB) & (b >= MAGENTA_MIN_RB) & (g <= MAGENTA_MAX_G)
+
+
+def player_centroid(frame: np.ndarray) -> tuple[float, float] | None:
+    """(x, y) centre of the magenta pixels in frame pixels, or None when fewer than MIN_SPRITE_PIXELS."""
+    ys, xs = np.nonzero(magenta_mask(frame))
+    if xs.size < MIN_SPRITE_PIXELS:
+        return None
+    return float(xs.mean() + 0.5), float(ys.mean() + 0.5)
+
+
+def position_errors(frames: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """(N,) distance in pixels between each frame's sprite and the true centre (N, 2); inf if missing."""
+    out = np.full(len(frames), np.inf)
+    for i, frame in enumerate(frames):
+        c = player_centroid(frame)
+        if c is not None:
+            out[i] = float(np.hypot(c[0] - truth[i, 0], c[1] - truth[i, 1]))
+    return out
+
+
+def scroll_offset(
+    a: np.ndarray, b: np.ndarray, radius: int = 3, ignore: tuple[float, float] | None = None, box: int = 12
+) -> tuple[int, int]:
+    """The camera move (dx, dy), |dx|, |dy| <= radius, that best explains frame b from frame a.
+
+    A camera move of +dx (the view goes right) shifts content left: b[y, x] == a[y + dy, x + dx].
+    Pixels within `box` / 2 of `ignore` (the player's centre, which the camera follows) are left
+    out of the comparison.
+    """
+    h, w = a.shape[:2]
+    af, bf = a.astype(np.float32), b.astype(np.float32)
+    keep = np.ones((h, w), dtype=bool)
+    if ignore is not None:
+        x0, y0 = int(ignore[0] - box / 2), int(ignore[1] - box / 2)
+        keep[max(y0, 0) : max(y0 + box, 0), max(x0, 0) : max(x0 + box, 0)] = False
+    best, best_err = (0, 0), np.inf
+    for dy in range(-radius, radius + 1):
+        for dx in range(-radius, radius + 1):
+            ys, xs = slice(max(0, -dy), min(h, h - dy)), slice(max(0, -dx), min(w, w - dx))
+            ya, xa = slice(ys.start + dy, ys.stop + dy), slice(xs.start + dx, xs.stop + dx)
+            m = keep[ys, xs]
+            err = float(((bf[ys, xs] - af[ya, xa]) ** 2).sum(-1)[m].mean())
+            if err < best_err:
+                best, best_err = (dx, dy), err
+    return best
+
+
+def frame_stats(frames: np.ndarray) -> np.ndarray:
+    """(N, 4) per-frame statistics: mean R, G, B and the standard deviation over all values."""
+    f = frames.astype(np.float64)
+    return np.concatenate([f.mean(axis=(1, 2)), f.reshape(len(f), -1).std(axis=1, keepdims=True)], axis=1)
+
+
+def world_displacement(frames: np.ndarray, axis: int) -> np.ndarray:
+    """(N,) cumulative displacement of the player in the world along `axis` (0: x, 1: y), read
+    from frames alone: the camera scroll between consecutive frames plus the sprite's own motion
+    on screen (which is what moves when the camera is clamped at the world's edge)."""
+    disp = [0.0]
+    prev = player_centroid(frames[0])
+    for a, b in itertools.pairwise(frames):
+        c = player_centroid(b)
+        cam = scroll_offset(a, b, radius=2, ignore=prev or (32.0, 32.0))[axis]
+        sprite = 0.0 if c is None or prev is None else c[axis] - prev[axis]
+        disp.append(disp[-1] + cam + sprite)
+        prev = c if c is not None else prev
+    return np.array(disp)

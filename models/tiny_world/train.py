@@ -1,0 +1,501 @@
+"""Train the tiny world from scratch on the built-in game: autoencoder, then the causal DiT.
+
+    python -m models.tiny_world.train --out DIR [--resume] [--seed N] [--minutes M]
+
+Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume continues)::
+
+    data     simulate `episodes` worlds x `episode_frames` frames of random_policy (seeded, not saved)
+    ae       the fast autoencoder on single frames: L1 + MSE, with noise on the latents so the
+             decoder tolerates the DiT's small errors; then per-channel latent statistics
+    latents  every episode frame encoded once (DIR/latents.safetensors)
+    dit      the causal DiT by flow matching on clips of 1 + clip_chunks * chunk_frames latent
+             frames, teacher-forced (CausVid): one sequence holds a clean copy of the clip and a
+             noisy copy of its chunks; a noisy chunk attends to the clean copies of the chunks
+             before it (inside the serving window) and to itself, exactly as the engine's rollout
+             does, with RoPE positions shared by both copies. Every chunk draws its own noise
+             level (diffusion-forcing style); the clean copies get a small random noise level of
+             their own (noisy-history augmentation, served as `context_noise`). EMA weights ship.
+    export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
+
+References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
+mask, few-step flow sampling), Diffusion Forcing (independent per-chunk noise), rectified flow
+(`x_t = (1 - s) x0 + s noise`, target noise - x0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from models.causal_wan import CausalWan, frame_attention_mask
+from models.fast_decoder import FastAutoencoder, FastStreamingDecoder
+from models.sampler import add_noise
+from models.tiny_world import SIZE, ae_config, dit_config, world_config
+from models.tiny_world.data import Episodes, make_episodes
+from models.world import World
+
+STAGES = ("ae", "dit", "done")
+
+
+@dataclass
+class TrainConfig:
+    """Everything that shapes a training run (recorded in the checkpoint and the model card)."""
+
+    seed: int = 0  # torch / numpy seed of the whole run
+    episodes: int = 640  # training worlds: seeds world_seed_base .. + episodes - 1
+    episode_frames: int = 160  # actions per episode (frames per episode = this + 1)
+    world_seed_base: int = 0  # first world seed (evaluation uses seeds >= 1_000_000)
+    # autoencoder
+    ae_steps: int = 1600  # optimiser steps
+    ae_batch: int = 32  # frames per step
+    ae_lr: float = 2e-3  # peak AdamW learning rate (cosine decay to 5%)
+    ae_latent_noise: float = 0.2  # max latent noise during AE training, relative to the latent std
+    ae_l2: float = 1e-4  # weight of mean(z^2), pins the latent scale
+    # DiT
+    dit_steps: int = 3600  # optimiser steps
+    dit_batch: int = 8  # clips per step
+    dit_lr: float = 1e-3  # peak AdamW learning rate (cosine decay to 5%)
+    clip_chunks: int = 4  # noisy chunks per training clip (clip = 1 + clip_chunks * chunk_frames)
+    context_sigma: float = 0.1  # max noise level of the clean copies (noisy-history augmentation)
+    p_schedule_sigma: float = 0.5  # share of chunks trained exactly at the serving schedule's sigmas
+    loss_weight: str = "flow"  # "flow": MSE on noise - x0; "x0": the same weighted by sigma^2 (x0 error)
+    ema: float = 0.999  # EMA decay of the shipped DiT weights
+    warmup: int = 200  # linear warm-up steps of both optimisers
+    ckpt_every: int = 250  # steps between checkpoints
+    log_every: int = 50  # steps between log lines
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        """Inverse of `asdict` (unknown keys ignored)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+# --- pure helpers (tested) ---------------------------------------------------------------------
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay from `peak` to 5% of it."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def teacher_forcing_layout(n_chunks: int, chunk: int, window: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Mask and RoPE positions of a teacher-forced clip of 1 + n_chunks * chunk frames.
+
+    Sequence order: the clean copies of all F frames (the start frame, then the chunks), then
+    noisy copies of frames 1..F-1::
+
+        index:    0 .. F-1            F .. 2F-2
+                [ clean 0 .. F-1   | noisy 1 .. F-1 ]
+        position: 0 .. F-1            1 .. F-1
+
+    Clean copies see each other block-causally (the serving mask, chunk sizes [1, chunk, ...]);
+    a noisy chunk sees the clean frames its serving twin would find in the KV cache, plus itself.
+    Returns (mask (2F-1, 2F-1) bool, positions (2F-1,) int64, F).
+    """
+    sizes = [1] + [chunk] * n_chunks
+    f = sum(sizes)
+    base = frame_attention_mask(sizes, window)  # (F, F)
+    total = 2 * f - 1
+    mask = torch.zeros(total, total, dtype=torch.bool)
+    mask[:f, :f] = base
+    s = 1
+    for _ in range(n_chunks):
+        rows = slice(f + s - 1, f + s - 1 + chunk)
+        mask[rows, :f] = base[s : s + chunk]
+        mask[rows, s : s + chunk] = False  # not its own clean copy ...
+        mask[rows, rows] = True  # ... but itself
+        s += chunk
+    positions = torch.cat([torch.arange(f), torch.arange(1, f)])
+    return mask, positions, f
+
+
+def sample_sigmas(
+    gen: torch.Generator,
+    shape: tuple[int, ...],
+    schedule_sigmas: Sequence[float],
+    shift: float,
+    p_schedule: float,
+) -> torch.Tensor:
+    """Per-chunk noise levels: the serving schedule's sigmas with probability `p_schedule`, else
+    shifted uniform (`shift * u / (1 + (shift - 1) u)`, as the sampler warps its steps)."""
+    u = torch.rand(shape, generator=gen)
+    cont = shift * u / (1 + (shift - 1) * u)
+    table = torch.tensor(list(schedule_sigmas), dtype=torch.float32)
+    pick = table[torch.randint(len(table), shape, generator=gen)]
+    use = torch.rand(shape, generator=gen) < p_schedule
+    return torch.where(use, pick, cont)
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Write atomically (a crash mid-write leaves the previous checkpoint)."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def rng_state(rng: np.random.Generator, gen: torch.Generator) -> dict:
+    """The data-sampling RNG states, for an exact resume."""
+    return {"numpy": rng.bit_generator.state, "torch": gen.get_state()}
+
+
+def set_rng_state(rng: np.random.Generator, gen: torch.Generator, state: dict) -> None:
+    rng.bit_generator.state = state["numpy"]
+    gen.set_state(state["torch"])
+
+
+# --- the trainer -------------------------------------------------------------------------------
+
+
+class Trainer:
+    """Runs the stages in order; every `ckpt_every` steps and at the time limit it checkpoints."""
+
+    def __init__(self, cfg: TrainConfig, out: Path, deadline: float | None, progress: bool = True) -> None:
+        self.cfg = cfg
+        self.out = out
+        self.deadline = deadline  # time.monotonic() after which the run checkpoints and stops
+        self.progress = progress
+        self.ckpt_path = out / "ckpt.pt"
+        self.log_path = out / "train_log.jsonl"
+        self.stage = "ae"
+        self.step = 0
+        self.elapsed = 0.0  # training seconds over all sessions of this run
+        self._t0 = time.monotonic()
+        torch.manual_seed(cfg.seed)
+        self.ae = FastAutoencoder(ae_config())
+        self.dit = CausalWan(dit_config())
+        self.ema = CausalWan(dit_config())
+        self.ema.load_state_dict(self.dit.state_dict())
+        self.ema.requires_grad_(False)
+        self.ae_opt = torch.optim.AdamW(
+            self.ae.parameters(), lr=cfg.ae_lr, betas=(0.9, 0.99), weight_decay=0.0
+        )
+        self.dit_opt = torch.optim.AdamW(
+            self.dit.parameters(), lr=cfg.dit_lr, betas=(0.9, 0.99), weight_decay=0.01
+        )
+        self.rng = np.random.default_rng(cfg.seed)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.episodes: Episodes | None = None
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+
+    def log(self, record: dict) -> None:
+        with self.log_path.open("a") as f:
+            f.write(json.dumps({"stage": self.stage, "step": self.step, **record}) + "\n")
+
+    def total_elapsed(self) -> float:
+        return self.elapsed + time.monotonic() - self._t0
+
+    def checkpoint(self) -> None:
+        save_checkpoint(
+            self.ckpt_path,
+            {
+                "config": asdict(self.cfg),
+                "stage": self.stage,
+                "step": self.step,
+                "elapsed": self.total_elapsed(),
+                "ae": self.ae.state_dict(),
+                "ae_cfg": self.ae.cfg.to_dict(),
+                "ae_opt": self.ae_opt.state_dict(),
+                "dit": self.dit.state_dict(),
+                "ema": self.ema.state_dict(),
+                "dit_opt": self.dit_opt.state_dict(),
+                "rng": rng_state(self.rng, self.gen),
+            },
+        )
+
+    def resume(self) -> None:
+        state = torch.load(self.ckpt_path, weights_only=False)
+        if state["config"] != asdict(self.cfg):
+            raise SystemExit(f"{self.ckpt_path} was written with another config: {state['config']}")
+        self.stage, self.step, self.elapsed = state["stage"], state["step"], state["elapsed"]
+        self.ae.load_state_dict(state["ae"])
+        mean, std = state["ae_cfg"]["latents_mean"], state["ae_cfg"]["latents_std"]
+        if mean:
+            self.ae.set_normalisation(torch.tensor(mean), torch.tensor(std))
+        self.ae_opt.load_state_dict(state["ae_opt"])
+        self.dit.load_state_dict(state["dit"])
+        self.ema.load_state_dict(state["ema"])
+        self.dit_opt.load_state_dict(state["dit_opt"])
+        set_rng_state(self.rng, self.gen, state["rng"])
+
+    def reuse_ae(self, run: Path) -> None:
+        """Take the trained autoencoder (and its latents) of another run; start at the DiT stage."""
+        state = torch.load(run / "ckpt.pt", weights_only=False)
+        data_keys = ("episodes", "episode_frames", "world_seed_base")
+        if state["stage"] == "ae" or any(state["config"][k] != getattr(self.cfg, k) for k in data_keys):
+            raise SystemExit(f"{run}: no finished autoencoder for this data config")
+        self.ae.load_state_dict(state["ae"])
+        self.ae.set_normalisation(
+            torch.tensor(state["ae_cfg"]["latents_mean"]), torch.tensor(state["ae_cfg"]["latents_std"])
+        )
+        if (run / "latents.safetensors").is_file():
+            shutil.copyfile(run / "latents.safetensors", self.out / "latents.safetensors")
+        self.stage, self.step = "dit", 0
+        self.log({"reused_ae_from": str(run)})
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    # -- stages ---------------------------------------------------------------------------------
+
+    def data(self) -> Episodes:
+        if self.episodes is None:
+            c = self.cfg
+            seeds = list(range(c.world_seed_base, c.world_seed_base + c.episodes))
+            self.episodes = make_episodes(seeds, c.episode_frames, SIZE, progress=self.progress)
+        return self.episodes
+
+    def step_done(self, bar: tqdm) -> bool:
+        """After an optimiser step: checkpoint on schedule; False (checkpointed) when out of time."""
+        if self.step % self.cfg.ckpt_every == 0:
+            self.checkpoint()
+        if self.out_of_time():
+            bar.close()
+            self.checkpoint()
+            return False
+        return True
+
+    def train_ae(self) -> bool:
+        """Returns False when the time limit stopped it."""
+        c, ae = self.cfg, self.ae
+        frames = self.data().frames.reshape(-1, SIZE, SIZE, 3)  # (E*(N+1), H, W, 3)
+        ae.train()
+        bar = tqdm(total=c.ae_steps, initial=self.step, desc="autoencoder", disable=not self.progress)
+        while self.step < c.ae_steps:
+            idx = self.rng.integers(0, frames.shape[0], size=c.ae_batch)
+            x = torch.from_numpy(frames[idx]).float().div(127.5).sub(1.0)  # (B, H, W, 3)
+            x = x.permute(0, 3, 1, 2)[:, :, None]  # (B, 3, 1, H, W)
+            z = ae.encode_raw(x)
+            rel = torch.rand(z.shape[0], 1, 1, 1, 1, generator=self.gen) * c.ae_latent_noise
+            noise = torch.randn(z.shape, generator=self.gen)
+            rec = ae.decode_raw(z + rel * z.detach().std() * noise)
+            l1 = (rec - x).abs().mean()
+            mse = (rec - x).pow(2).mean()
+            loss = l1 + mse + c.ae_l2 * z.pow(2).mean()
+            for group in self.ae_opt.param_groups:
+                group["lr"] = lr_at(self.step, c.ae_steps, c.ae_lr, c.warmup)
+            self.ae_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(ae.parameters(), 1.0)
+            self.ae_opt.step()
+            self.step += 1
+            bar.update(1)
+            if self.step % c.log_every == 0 or self.step == c.ae_steps:
+                psnr = 10 * math.log10(4.0 / max(mse.item(), 1e-10))  # [-1, 1] range: peak-to-peak 2
+                bar.set_postfix(loss=f"{loss.item():.4f}", psnr=f"{psnr:.1f}")
+                self.log({"loss": loss.item(), "l1": l1.item(), "psnr": psnr, "t": self.total_elapsed()})
+            if not self.step_done(bar):
+                return False
+        bar.close()
+        ae.eval()
+        self.set_latent_stats(frames)
+        self.stage, self.step = "dit", 0
+        self.checkpoint()
+        return True
+
+    @torch.no_grad()
+    def set_latent_stats(self, frames: np.ndarray, n: int = 4096) -> None:
+        """Per-channel mean/std of the raw latents of `n` frames (fixed sample)."""
+        n = min(n, frames.shape[0])
+        idx = np.random.default_rng(self.cfg.seed + 1).integers(0, frames.shape[0], size=n)
+        x = torch.from_numpy(frames[idx]).float().div(127.5).sub(1.0).permute(0, 3, 1, 2)[:, :, None]
+        z = torch.cat([self.ae.encode_raw(x[i : i + 256]) for i in range(0, n, 256)])  # (n, C, 1, h, w)
+        self.ae.set_normalisation(z.mean(dim=(0, 2, 3, 4)), z.std(dim=(0, 2, 3, 4)))
+
+    @torch.no_grad()
+    def latents(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every episode frame encoded (E, N+1, C, h, w) float16, cached in DIR/latents.safetensors."""
+        path = self.out / "latents.safetensors"
+        if path.is_file():
+            data = load_file(str(path))
+            return data["latents"], data["actions"]
+        eps = self.data()
+        self.ae.eval()
+        dec = FastStreamingDecoder(self.ae)
+        out = []
+        for ep in tqdm(eps.frames, desc="encode", unit="ep", disable=not self.progress):
+            out.append(dec.encode(ep).transpose(0, 1).half())  # (N+1, C, h, w)
+        lat = torch.stack(out)
+        actions = torch.from_numpy(eps.actions)
+        save_file({"latents": lat.contiguous(), "actions": actions.contiguous()}, str(path))
+        return lat, actions
+
+    def train_dit(self) -> bool:
+        """Returns False when the time limit stopped it."""
+        c, dit = self.cfg, self.dit
+        lat, acts = self.latents()
+        self.episodes = None  # the frames are no longer needed
+        dcfg = dit.cfg
+        sched = world_config().schedule
+        mask, positions, f = teacher_forcing_layout(c.clip_chunks, dcfg.chunk_frames, dcfg.window_frames)
+        n_eps, n_frames = lat.shape[:2]
+        chunk = dcfg.chunk_frames
+        dit.train()
+        bar = tqdm(total=c.dit_steps, initial=self.step, desc="dit", disable=not self.progress)
+        while self.step < c.dit_steps:
+            e = self.rng.integers(0, n_eps, size=c.dit_batch)
+            s = self.rng.integers(0, n_frames - f + 1, size=c.dit_batch)
+            idx = s[:, None] + np.arange(f)[None, :]  # (B, F)
+            x0 = lat[e[:, None], idx].float().permute(0, 2, 1, 3, 4)  # (B, C, F, h, w)
+            a = acts[e[:, None], idx].clone()  # (B, F, width)
+            a[:, 0] = 0.0  # the start frame is prefilled with an idle action when served
+            a = a[:, :, None]  # (B, F, 1, width): one video frame per latent frame
+            b = x0.shape[0]
+            # clean copies: small per-chunk noise; noisy copies: independent per-chunk sigma
+            sig_c = torch.rand(b, 1 + c.clip_chunks, generator=self.gen) * c.context_sigma
+            sig_n = sample_sigmas(self.gen, (b, c.clip_chunks), sched.sigmas, sched.shift, c.p_schedule_sigma)
+            sig_c_f = torch.cat([sig_c[:, :1], sig_c[:, 1:].repeat_interleave(chunk, dim=1)], dim=1)  # (B, F)
+            sig_n_f = sig_n.repeat_interleave(chunk, dim=1)  # (B, F-1)
+            eps_c = torch.randn(x0.shape, generator=self.gen)
+            eps_n = torch.randn(x0[:, :, 1:].shape, generator=self.gen)
+            xc = add_noise(x0, eps_c, sig_c_f[:, None, :, None, None])
+            xn = add_noise(x0[:, :, 1:], eps_n, sig_n_f[:, None, :, None, None])
+            seq = torch.cat([xc, xn], dim=2)  # (B, C, 2F-1, h, w)
+            t = torch.cat([sig_c_f, sig_n_f], dim=1) * sched.num_train  # (B, 2F-1)
+            seq_a = torch.cat([a, a[:, 1:]], dim=1)  # (B, 2F-1, 1, width)
+            text = [dit.text_kv(dit.null_text("cpu", torch.float32))] * b
+            pred = dit.forward_dense(seq, t, text, mask, seq_a, positions)[:, :, f:]  # (B, C, F-1, h, w)
+            err = (pred - (eps_n - x0[:, :, 1:])).pow(2)  # (B, C, F-1, h, w)
+            if c.loss_weight == "x0":  # x0 = x_t - sigma * pred, so the x0 error is sigma * err
+                err = err * sig_n_f[:, None, :, None, None].pow(2)
+            loss = err.mean()
+            for group in self.dit_opt.param_groups:
+                group["lr"] = lr_at(self.step, c.dit_steps, c.dit_lr, c.warmup)
+            self.dit_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
+            self.dit_opt.step()
+            with torch.no_grad():
+                decay = min(c.ema, (1 + self.step) / (10 + self.step))
+                for pe, p in zip(self.ema.parameters(), dit.parameters(), strict=True):
+                    pe.lerp_(p, 1 - decay)
+            self.step += 1
+            bar.update(1)
+            if self.step % c.log_every == 0 or self.step == c.dit_steps:
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+                self.log({"loss": loss.item(), "grad_norm": gnorm.item(), "t": self.total_elapsed()})
+            if not self.step_done(bar):
+                return False
+        bar.close()
+        self.stage, self.step = "done", 0
+        self.checkpoint()
+        return True
+
+    def export(self) -> Path:
+        """Write DIR/model (EMA DiT weights + the autoencoder) and DIR/train_summary.json."""
+        from models.registry import save_world
+
+        world = World(world_config(), self.ema.eval(), FastStreamingDecoder(self.ae.eval()), start_image=None)
+        model_dir = self.out / "model"
+        save_world(world, model_dir, start_image={"kind": "game", "size": SIZE})
+        summary = {"config": asdict(self.cfg), "train_seconds": round(self.total_elapsed(), 1)}
+        (self.out / "train_summary.json").write_text(json.dumps(summary, indent=2))
+        return model_dir
+
+    def run(self) -> bool:
+        """All remaining stages; True when the model was exported."""
+        # Tiny Adam moments turn denormal and slow CPU math ~10x; the flag is process-wide, so
+        # it is restored for whoever runs after us (tests share the process).
+        torch.set_flush_denormal(True)
+        try:
+            if self.stage == "ae" and not self.train_ae():
+                return False
+            if self.stage == "dit" and not self.train_dit():
+                return False
+            self.export()
+            return True
+        finally:
+            torch.set_flush_denormal(False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m models.tiny_world.train", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--out", type=Path, required=True, help="run directory (checkpoint, logs, model/)")
+    parser.add_argument("--resume", action="store_true", help="continue from DIR/ckpt.pt")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the whole run (default 0)")
+    parser.add_argument(
+        "--minutes", type=float, default=None, help="stop (with a checkpoint) after this long"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--reuse-ae",
+        type=Path,
+        default=None,
+        help="experiments: start at the DiT stage with the autoencoder and latents of another run directory",
+    )
+    parser.add_argument(
+        "--export-only",
+        action="store_true",
+        help="with --resume: write DIR/model from the checkpoint as it is",
+    )
+    for f in fields(TrainConfig):
+        if f.name != "seed":
+            flag = "--" + f.name.replace("_", "-")
+            parser.add_argument(
+                flag, type=type(f.default), default=None, help=f"override {f.name} ({f.default})"
+            )
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    overrides = {
+        f.name: getattr(args, f.name)
+        for f in fields(TrainConfig)
+        if f.name != "seed" and getattr(args, f.name) is not None
+    }
+    ckpt = args.out / "ckpt.pt"
+    if args.resume:
+        if not ckpt.is_file():
+            parser.error(f"--resume: no checkpoint at {ckpt}")
+        if overrides:
+            parser.error("--resume continues the checkpoint's own config; drop the overrides")
+        cfg = TrainConfig.from_dict(torch.load(ckpt, weights_only=False)["config"])
+    elif ckpt.is_file():
+        parser.error(f"{ckpt} exists; pass --resume or use a new --out")
+    else:
+        cfg = TrainConfig.from_dict({**asdict(TrainConfig()), **overrides, "seed": args.seed})
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = None if args.minutes is None else time.monotonic() + args.minutes * 60
+    trainer = Trainer(cfg, args.out, deadline, progress=not args.no_progress)
+    if args.reuse_ae is not None and not args.resume:
+        trainer.reuse_ae(args.reuse_ae)
+    if args.resume:
+        trainer.resume()
+        print(f"resumed at stage {trainer.stage}, step {trainer.step} ({trainer.elapsed:.0f} s trained)")
+        if args.export_only:
+            print(f"exported {trainer.export()} (stage {trainer.stage}, step {trainer.step})")
+            return 0
+    (args.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    if trainer.run():
+        print(f"done in {trainer.total_elapsed() / 60:.1f} min of training; model at {args.out / 'model'}")
+    else:
+        print(
+            f"time limit: checkpoint at {trainer.ckpt_path} (stage {trainer.stage}, step {trainer.step}); "
+            "run again with --resume"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

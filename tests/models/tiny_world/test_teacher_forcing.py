@@ -1,0 +1,89 @@
+"""The trainer's teacher-forced sequence equals the engine's cached rollout, chunk for chunk.
+
+One dense forward over [clean copies | noisy copies] with shared RoPE positions must give, for
+every noisy chunk, what `forward_chunk` gives when the clean chunks before it went through
+context passes into a windowed KV cache (the serving path).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.tiny_world.train import lr_at, sample_sigmas, teacher_forcing_layout
+from runtime.kv_cache import KVLayout
+from tests.models.conftest import tiny_actions, tiny_config
+
+H = W = 8
+TOL = 1e-5
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(("n_chunks", "chunk", "window"), [(3, 2, 16), (4, 2, 5), (3, 3, 4)])
+def test_teacher_forcing_matches_cached_rollout(make_model, n_chunks, chunk, window):
+    cfg = tiny_config(
+        chunk_frames=chunk,
+        window_frames=window,
+        action=tiny_actions(mouse=False, vector_dim=0, frames_per_latent=1),
+    )
+    model = make_model(cfg)
+    mask, positions, f = teacher_forcing_layout(n_chunks, chunk, window)
+    clean = torch.randn(1, 4, f, H, W)
+    noisy = torch.randn(1, 4, f - 1, H, W)
+    sizes = [1] + [chunk] * n_chunks
+    per_chunk = torch.rand(len(sizes)) * 100  # noisy-history augmentation: small timesteps per chunk
+    t_clean = per_chunk.repeat_interleave(torch.tensor(sizes))[None]  # (1, F)
+    t_noisy = torch.tensor([[900.0] * chunk + [500.0] * chunk + [250.0] * chunk * (n_chunks - 2)])
+    actions = torch.randn(1, f, 1, 3 + 2)
+    text = model.text_kv(torch.randn(2, 8))
+    dense = model.forward_dense(
+        torch.cat([clean, noisy], 2),
+        torch.cat([t_clean, t_noisy], 1),
+        [text],
+        mask,
+        torch.cat([actions, actions[:, 1:]], 1),
+        positions,
+    )[:, :, f:]
+
+    layout = KVLayout(0, window, model.tokens_per_frame(H, W))
+    cache = model.new_cache(H, W, "cpu", torch.float32)
+    start = 0
+    for n in sizes:
+        if start > 0:  # denoise the noisy copy of this chunk against the committed cache
+            sl = slice(start, start + n)
+            got = model.forward_chunk(
+                noisy[:, :, start - 1 : start - 1 + n],
+                t_noisy[:, start - 1],
+                [cache],
+                [layout.slots(start, n, "cpu")],
+                [text],
+                actions[:, sl],
+            )
+            assert (got - dense[:, :, start - 1 : start - 1 + n]).abs().max().item() <= TOL
+        # then the context pass of its clean copy
+        model.forward_chunk(
+            clean[:, :, start : start + n],
+            t_clean[:, start],
+            [cache],
+            [layout.slots(start, n, "cpu")],
+            [text],
+            actions[:, start : start + n],
+            need_output=False,
+        )
+        start += n
+
+
+def test_layout_shapes_and_positions():
+    mask, positions, f = teacher_forcing_layout(2, 3, 8)
+    assert f == 7 and mask.shape == (13, 13)
+    assert positions.tolist() == [0, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
+    assert not mask[:7, 7:].any()  # clean copies never see noisy ones
+    assert not mask[10, 4:7].any() and mask[10, 10:13].all()  # a noisy chunk: itself, not its clean copy
+
+
+def test_schedule_helpers():
+    assert lr_at(0, 100, 1.0, 10) == pytest.approx(0.1)
+    assert lr_at(10, 100, 1.0, 10) == pytest.approx(1.0)
+    assert lr_at(100, 100, 1.0, 10) == pytest.approx(0.05)
+    s = sample_sigmas(torch.Generator().manual_seed(0), (1000,), [1.0, 0.5], 3.0, 0.5)
+    assert s.min() >= 0 and s.max() <= 1 and (s == 1.0).float().mean() > 0.2

@@ -1,0 +1,50 @@
+"""The training CLI runs end to end on a tiny budget, stops at a time limit with a checkpoint,
+and --resume finishes the run and exports a loadable model directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.registry import load_world
+from models.tiny_world.train import main
+from models.world import Conditioning
+
+TINY = [
+    "--episodes", "2", "--episode-frames", "12", "--ae-steps", "3", "--ae-batch", "2",
+    "--dit-steps", "3", "--dit-batch", "1", "--clip-chunks", "1", "--warmup", "1",
+    "--ckpt-every", "100", "--log-every", "1", "--no-progress", "--threads", "1",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_train_stops_at_the_time_limit_and_resumes(tmp_path: Path, capsys):
+    out = tmp_path / "run"
+    assert main(["--out", str(out), "--seed", "3", "--minutes", "0", *TINY]) == 0
+    assert "time limit" in capsys.readouterr().out
+    state = torch.load(out / "ckpt.pt", weights_only=False)
+    assert state["stage"] == "ae" and state["step"] == 1 and state["config"]["seed"] == 3
+    assert not (out / "model").exists()
+
+    with pytest.raises(SystemExit):  # an existing run needs --resume
+        main(["--out", str(out), *TINY])
+    assert main(["--out", str(out), "--resume", "--no-progress", "--threads", "1"]) == 0
+    assert "done" in capsys.readouterr().out
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r["stage"] == "ae"] == [1, 2, 3]
+    assert [r["step"] for r in log if r["stage"] == "dit"] == [1, 2, 3]
+    assert json.loads((out / "train_summary.json").read_text())["config"]["seed"] == 3
+
+    world = load_world(out / "model")
+    assert world.config.id == "tiny-world" and world.config.image_start
+    state = world.init_state(Conditioning(seed=5))  # the seed's start frame, encoded
+    assert state.start_latents.shape == (8, 1, 8, 8)
