@@ -62,6 +62,7 @@ function onReady(msg) {
   canvas.style.aspectRatio = `${msg.model.width} / ${msg.model.height}`;
   if ($("model").value !== msg.model.id) selectModel(msg.model.id);
   if (msg.codec.name !== $("codec").value && !state.fallback) $("codec").value = msg.codec.name;
+  $("mouse-help").hidden = !msg.model.action_space.mouse; // keyboard-only worlds: no pointer lock
 }
 
 function onStatus(status) {

@@ -182,6 +182,7 @@ def test_models_picker_lists_the_server_models(open_page: OpenPage) -> None:
 def test_mouse_moves_are_sent_under_pointer_lock(open_page: OpenPage) -> None:
     page = open_page("?autostart=1&codec=jpeg")
     page.wait(f"{PLAYING} && s.chunksShown >= 1")
+    assert page.page.is_visible("#mouse-help")  # the hint shows for worlds that take the mouse
     page.page.click("#screen")  # the model takes the mouse: a click locks the pointer
     page.page.wait_for_function("() => document.pointerLockElement === document.getElementById('screen')")
     page.page.mouse.move(400, 300, steps=5)
