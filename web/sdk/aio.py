@@ -3,11 +3,9 @@
 from collections.abc import Generator, Sequence
 from typing import Any
 
-import numpy as np
-
 from web import messages as m
-from web.sdk.actions import ActionLike, frame_actions
-from web.sdk.core import ClientCore
+from web.sdk.actions import ActionLike
+from web.sdk.core import ClientCore, generate_message, open_message
 from web.sdk.session import Session
 from web.sdk.types import Generated
 from web.sdk.urls import session_url
@@ -38,15 +36,7 @@ class connect:  # lowercase like websockets' `connect`: awaited or used as a con
     ) -> None:
         self.url = url
         self.resume = resume
-        self.open = m.Open(
-            model=model,
-            seed=seed,
-            mode=mode,
-            codec=codec,
-            token=token,
-            max_ahead=max_ahead,
-            debug=None if debug is None else m.DebugHooks(**debug),
-        )
+        self.open = open_message(model, seed, mode, codec, token, max_ahead, debug)
         self.session: Session | None = None
 
     async def _open(self) -> Session:
@@ -89,19 +79,10 @@ async def generate(
     token: str | None = None,
 ) -> Generated:
     """One-shot: ``chunks`` chunks, ``actions[i]`` driving chunk i + 1 (later chunks get no input)."""
-    msg = m.Generate(
-        model=model,
-        seed=seed,
-        chunks=chunks,
-        actions=tuple(frame_actions(a) for a in actions),
-        codec=codec,
-        token=token,
-    )
+    msg = generate_message(chunks, actions, model, seed, codec, token)
     session = Session(url, ClientCore(codec))
     try:
         done: m.Done = await session.start(session_url(url), msg, ("done", None))
     finally:
         await session.disconnect()
-    got = list(session.core.chunks)
-    frames = [c.frames for c in got if len(c.frames)]
-    return Generated(np.concatenate(frames) if frames else np.empty((0, 0, 0, 3), np.uint8), got, done)
+    return session.core.generated(done)

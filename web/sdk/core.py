@@ -8,19 +8,58 @@ resume the server re-sends unacked chunks, and those already received are droppe
 """
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from web import messages as m
 from web.codec import parse_server
 from web.encoders import ChunkDecoder
 from web.errors import ServerError, SessionClosed, StepCancelled
-from web.sdk.types import Chunk
+from web.sdk.actions import ActionLike, frame_actions
+from web.sdk.types import Chunk, Generated
 
-__all__ = ["ENDED", "NO_SEQ", "ClientCore", "Key"]
+__all__ = ["ENDED", "NO_SEQ", "ClientCore", "Key", "generate_message", "open_message"]
 
 Key = tuple[str, Any]
 NO_SEQ = -1  # an awaited reply that no `error` can answer (wire seqs are >= 0 or absent)
 ENDED = frozenset({"closed", "done"})  # `closed` reasons that end a session normally
+
+
+def open_message(
+    model: str | None,
+    seed: int | None,
+    mode: m.Mode,
+    codec: m.Codec,
+    token: str | None,
+    max_ahead: int,
+    debug: dict[str, Any] | None,
+) -> m.Open:
+    """The `open` both SDKs send (``debug``: the hooks as a plain dict)."""
+    hooks = None if debug is None else m.DebugHooks(**debug)
+    return m.Open(
+        model=model, seed=seed, mode=mode, codec=codec, token=token, max_ahead=max_ahead, debug=hooks
+    )
+
+
+def generate_message(
+    chunks: int,
+    actions: Sequence[ActionLike | Sequence[ActionLike]],
+    model: str | None,
+    seed: int | None,
+    codec: m.Codec,
+    token: str | None,
+) -> m.Generate:
+    """The one-shot `generate` both SDKs send: ``actions[i]`` drives chunk i + 1."""
+    return m.Generate(
+        model=model,
+        seed=seed,
+        chunks=chunks,
+        actions=tuple(frame_actions(a) for a in actions),
+        codec=codec,
+        token=token,
+    )
 
 
 class ClientCore:
@@ -112,6 +151,12 @@ class ClientCore:
         elif isinstance(msg, m.Closed):
             self.closed = msg.reason
             self._fail_awaited(SessionClosed(msg.reason))
+
+    def generated(self, done: m.Done) -> Generated:
+        """A finished one-shot: every received chunk's frames in order, and the server's summary."""
+        got = list(self.chunks)
+        frames = [c.frames for c in got if len(c.frames)]
+        return Generated(np.concatenate(frames) if frames else np.empty((0, 0, 0, 3), np.uint8), got, done)
 
     # -- internals ------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from web.codec import encode
 from web.errors import SessionClosed
 from web.sdk.actions import ActionLike, frame_actions, vector_array
 from web.sdk.base import BaseWorld
-from web.sdk.core import ENDED, ClientCore, Key
+from web.sdk.core import ENDED, ClientCore, Key, generate_message, open_message
 from web.sdk.types import Chunk, Generated
 from web.sdk.urls import CLIENT_MAX_SIZE, session_url
 
@@ -69,11 +69,7 @@ class Client(BaseWorld):
         if resume is not None:
             self._start(session_url(url, resume=resume, codec=codec), None)
         else:
-            hooks = None if debug is None else m.DebugHooks(**debug)
-            msg = m.Open(
-                model=model, seed=seed, mode=mode, codec=codec, token=token, max_ahead=max_ahead, debug=hooks
-            )
-            self._start(session_url(url), msg)
+            self._start(session_url(url), open_message(model, seed, mode, codec, token, max_ahead, debug))
 
     @property
     def ready(self) -> m.Ready:
@@ -225,14 +221,7 @@ def generate(
     """One-shot: ``chunks`` chunks, ``actions[i]`` driving chunk i + 1; every frame, in order."""
     core = ClientCore(codec)
     core.expect(("done", None), None)
-    msg = m.Generate(
-        model=model,
-        seed=seed,
-        chunks=chunks,
-        actions=tuple(frame_actions(a) for a in actions),
-        codec=codec,
-        token=token,
-    )
+    msg = generate_message(chunks, actions, model, seed, codec, token)
     with _wait_for_server(session_url(url), wait_s) as ws:
         ws.send(encode(msg))
         try:
@@ -241,6 +230,4 @@ def generate(
         except ConnectionClosed:
             core.connection_lost("socket closed")
             done = core.take(("done", None))
-    got = list(core.chunks)
-    frames = [c.frames for c in got if len(c.frames)]
-    return Generated(np.concatenate(frames) if frames else np.empty((0, 0, 0, 3), np.uint8), got, done)
+    return core.generated(done)
