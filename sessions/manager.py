@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -194,9 +194,13 @@ class SessionManager:
         actions: Sequence[Sequence[FrameAction]],
         chunks: int,
         sink: Sink,
+        room: Callable[[], Awaitable[None]] | None = None,
     ) -> DoneEvent:
         """Run `chunks` chunks with scripted actions (one list per chunk, like `step.actions`;
-        chunks past the end get no input) through the same loop, streaming frames to `sink`."""
+        chunks past the end get no input) through the same loop, streaming frames to `sink`.
+
+        `room`, if given, is awaited before each chunk is asked for: the consumer's backpressure
+        (a one-shot has no acks, so without it a slow consumer would have to buffer every chunk)."""
         if len(actions) > chunks:
             raise InvalidInput(f"{len(actions)} action lists for {chunks} chunks", field="actions")
         session = await self.open(replace(params, mode="lockstep"))
@@ -226,6 +230,8 @@ class SessionManager:
             if session.spec.image_start:
                 await window.acquire()  # the prefill chunk activate() started
             for i in range(chunks):
+                if room is not None:
+                    await room()
                 await window.acquire()
                 if done.done():
                     break

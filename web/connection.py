@@ -305,7 +305,7 @@ class Connection:
         if spec is None:
             raise ProtocolError(ErrorCode.NOT_FOUND, f"unknown model {model!r}", fatal=True)
         encoder, _ = await self._encoder(msg.codec, spec)
-        self.pipeline.attach(encoder, None)
+        self.pipeline.attach(encoder, None, lossless=True)  # a one-shot owes every frame
         self.oneshot = asyncio.create_task(self._run_oneshot(msg), name="ws-oneshot")
 
     async def _run_oneshot(self, msg: m.Generate) -> None:
@@ -319,7 +319,9 @@ class Connection:
 
         actions = [convert.frame_actions(chunk) for chunk in msg.actions]
         try:
-            done = await self.manager.generate(convert.open_params(msg), actions, msg.chunks, sink)
+            done = await self.manager.generate(
+                convert.open_params(msg), actions, msg.chunks, sink, room=self.pipeline.room
+            )
         except SessionError as exc:
             self.oneshot = None
             if failed:

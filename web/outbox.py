@@ -12,6 +12,9 @@ them and awaits ``send``. A client that reads too slowly makes the queue fill up
   ``max_control`` of them queued the client is not reading at all and :class:`OutboxOverflow` is
   raised so the connection can be closed.
 
+A one-shot ``generate`` owes the client every frame, so its outbox is ``lossless``: nothing is
+dropped, and the producer is held back instead (``Pipeline.room``), which keeps it bounded.
+
 Like websockets' ``Assembler`` this class does no I/O and knows no event loop: it calls
 ``on_ready`` when there is something to pop and ``on_drop`` when it needs a keyframe.
 """
@@ -51,6 +54,7 @@ class Outbox:
         max_control: int = 1024,
         on_ready: Callable[[], None] = lambda: None,
         on_drop: Callable[[], None] = lambda: None,
+        on_pop: Callable[[], None] = lambda: None,
     ) -> None:
         if max_chunks < 1:
             raise ValueError("max_chunks must be >= 1")
@@ -59,6 +63,8 @@ class Outbox:
         self.max_control = max_control  # control messages queued at most
         self.on_ready = on_ready  # called when an item is put (wake the writer)
         self.on_drop = on_drop  # called when H.264 frames were dropped (force a keyframe)
+        self.on_pop = on_pop  # called when a `frames` item left the queue (room for the producer)
+        self.lossless = False  # never drop frames; the producer waits for room instead (one-shots)
         self.dropped = 0  # frames dropped so far
         self._items: deque[Item] = deque()
         self._chunks = 0  # `frames` items queued
@@ -67,6 +73,11 @@ class Outbox:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def chunks(self) -> int:
+        """`frames` messages queued."""
+        return self._chunks
 
     def put_control(self, data: bytes) -> None:
         """Queue a control message. Raises OutboxOverflow past ``max_control`` queued."""
@@ -79,6 +90,9 @@ class Outbox:
     def put_frames(self, data: bytes, frames: int, key: bool) -> None:
         """Queue a `frames` message of ``frames`` video frames; ``key``: it starts with a keyframe."""
         if self._closing:
+            return
+        if self.lossless:
+            self._append(Item(data, frames, key))
             return
         if self.codec != "h264":
             if self._chunks >= self.max_chunks:
@@ -112,6 +126,7 @@ class Outbox:
         item = self._items.popleft()
         if item.frames:
             self._chunks -= 1
+            self.on_pop()
         return item
 
     # -- internals ------------------------------------------------------------------------------

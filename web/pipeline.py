@@ -5,6 +5,11 @@ sink), so replies never overtake the frames committed before them. A ``frames`` 
 and packed in the encode pool, never on the event loop, one chunk at a time (an encoder is
 stateful); the bytes then go to the :class:`~web.outbox.Outbox`, which applies the drop policy.
 When the outbox drops H.264 frames it asks for a keyframe, and the next chunk is encoded with one.
+
+The queue is bounded (``max_items``): a session's frames are bounded by its credits and control
+replies by the client's rate limit, so a full queue means the client stopped reading, and the
+connection is closed (:class:`OutboxOverflow`, like the outbox's own control limit). A one-shot
+has no credits: it awaits :meth:`Pipeline.room` before each chunk instead.
 """
 
 import asyncio
@@ -26,7 +31,7 @@ from web import codec, convert, metrics
 from web import messages as m
 from web.encoders import FrameEncoder
 from web.errors import CloseCode, ErrorCode, close_code
-from web.outbox import Outbox
+from web.outbox import Outbox, OutboxOverflow
 
 __all__ = ["CloseRequest", "Pipeline", "close_code_for"]
 
@@ -58,34 +63,61 @@ def close_code_for(reason: str) -> int:
 class Pipeline:
     """Ordered, encoding delivery of one connection's messages into its outbox."""
 
-    def __init__(self, outbox: Outbox, pool: Executor) -> None:
+    def __init__(self, outbox: Outbox, pool: Executor, max_items: int = 2048) -> None:
         self.outbox = outbox
         self.pool = pool  # the server's encode pool
+        self.max_items = max_items  # items queued before the connection is given up as not reading
         self.encoder: FrameEncoder | None = None  # the attached session's encoder
         self.ready: m.Ready | None = None  # the attached session's `ready` (re-sent after a reset)
         self.close_code: int | None = None  # set after a fatal error: the code the socket closes with
         self._queue: asyncio.Queue[Outgoing] = asyncio.Queue()
         self._want_key = False  # the outbox dropped H.264 frames: the next chunk starts with an IDR
+        self._frames_queued = 0  # FramesEvents put and not yet in the outbox
+        self._overflow: OutboxOverflow | None = None  # set by put() on a full queue; raised by run()
+        self._room = asyncio.Event()  # a chunk left the pipeline or the outbox: room() re-checks
         self.debug = log.isEnabledFor(logging.DEBUG)
         outbox.on_drop = self._need_keyframe
+        outbox.on_pop = self._room.set
 
-    def attach(self, encoder: FrameEncoder, ready: m.Ready | None) -> None:
-        """Use ``encoder`` (one per attached session) for every chunk from now on."""
+    def attach(self, encoder: FrameEncoder, ready: m.Ready | None, lossless: bool = False) -> None:
+        """Use ``encoder`` (one per attached session) for every chunk from now on; ``lossless``
+        (one-shots): the outbox never drops frames, and the producer paces itself with room()."""
         self.encoder = encoder
         self.ready = ready
         self.outbox.codec = encoder.codec
+        self.outbox.lossless = lossless
         self._want_key = False
 
     def put(self, item: Outgoing) -> None:
-        """Queue a session event, a server message or a close (never blocks; the session's sink)."""
+        """Queue a session event, a server message or a close (never blocks; the session's sink).
+        On a full queue the item is not queued and run() raises OutboxOverflow."""
+        if self._queue.qsize() >= self.max_items:
+            self._overflow = self._overflow or OutboxOverflow(
+                f"{self.max_items} messages waiting to be encoded; the client is not reading"
+            )
+            return
+        if isinstance(item, FramesEvent):
+            self._frames_queued += 1
         self._queue.put_nowait(item)
+
+    async def room(self) -> None:
+        """Wait until fewer chunks than the outbox holds are waiting here and in the outbox."""
+        while self._frames_queued + self.outbox.chunks >= self.outbox.max_chunks:
+            self._room.clear()
+            await self._room.wait()
 
     async def run(self) -> None:
         """Deliver queued items into the outbox until cancelled. Raises OutboxOverflow."""
         while True:
+            if self._overflow is not None:
+                raise self._overflow
             item = await self._queue.get()
             if isinstance(item, FramesEvent):
-                await self._frames(item)
+                try:
+                    await self._frames(item)
+                finally:
+                    self._frames_queued -= 1
+                    self._room.set()
             else:
                 self._control(item)
 

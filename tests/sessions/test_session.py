@@ -196,6 +196,29 @@ def test_oneshot_equals_lockstep(worlds):
     run(main())
 
 
+def test_oneshot_asks_for_each_chunk_only_when_the_consumer_has_room(worlds):
+    async def main():
+        async with running(worlds) as m:
+            inbox = Inbox()
+            gate = asyncio.Event()
+            asked: list[int] = []
+
+            async def room() -> None:  # the consumer lets exactly one chunk through, then blocks
+                asked.append(len(inbox.of(FramesEvent)))
+                if len(asked) > 1:
+                    await gate.wait()
+
+            task = asyncio.create_task(m.generate(OpenParams(seed=3), [], chunks=3, sink=inbox, room=room))
+            await inbox.wait_for(FramesEvent, 1)
+            await asyncio.sleep(0.3)  # the engine would have made all 3 by now if nothing held it
+            assert len(inbox.of(FramesEvent)) == 1 and len(asked) == 2
+            gate.set()
+            done = await task
+            assert done.chunks == 3 and len(asked) == 3
+
+    run(main())
+
+
 def test_limits_ttl_and_bad_input(worlds):
     async def main():
         async with running(worlds, max_sessions=2, detach_ttl_s=5) as m:

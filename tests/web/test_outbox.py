@@ -76,3 +76,16 @@ def test_close_goes_last_and_nothing_follows() -> None:
     box.put_frames(b"late", 1, True)
     items = drain(box)
     assert [i.data for i in items] == [b"closed", b""] and items[1].close == (1000, "closed")
+
+
+@pytest.mark.parametrize("codec", ["jpeg", "h264"])
+def test_lossless_keeps_every_chunk_and_reports_each_pop(codec: str) -> None:
+    popped = []
+    box = Outbox(max_chunks=2, on_pop=lambda: popped.append(1))
+    box.codec = codec  # type: ignore[assignment]
+    box.lossless = True  # a one-shot: its producer waits for room instead
+    for i in range(5):
+        box.put_frames(b"f%d" % i, 4, i == 0)
+    assert box.chunks == 5
+    assert [i.data for i in drain(box)] == [b"f0", b"f1", b"f2", b"f3", b"f4"]
+    assert box.dropped == 0 and len(popped) == 5 and box.chunks == 0

@@ -6,12 +6,13 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from sessions.events import CancelledEvent, ClosedEvent, ErrorEvent, FramesEvent, ReadyEvent
 from web import codec
 from web import messages as m
 from web.encoders import ChunkDecoder, H264Encoder, JpegEncoder
-from web.outbox import Outbox
+from web.outbox import Outbox, OutboxOverflow
 from web.pipeline import CloseRequest, Pipeline, close_code_for
 
 from .conftest import run
@@ -118,5 +119,38 @@ def test_h264_drop_is_followed_by_a_keyframe_the_client_can_start_from() -> None
         assert [(f.chunk, f.key) for f in out] == [(4, True), (5, False)]
         decoder = ChunkDecoder("h264")  # a client that lost 1..3 decodes from 4 on
         assert [decoder.decode(f).shape for f in out] == [(4, 32, 32, 3)] * 2
+
+    run(main())
+
+
+def test_room_waits_until_the_outbox_has_space() -> None:
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            box = Outbox(max_chunks=2)
+            pipe = Pipeline(box, pool)
+            pipe.attach(JpegEncoder(), None, lossless=True)
+            task = asyncio.create_task(pipe.run())
+            await asyncio.wait_for(pipe.room(), 1)  # empty: room at once
+            pipe.put(chunk(1))
+            pipe.put(chunk(2))
+            waiter = asyncio.create_task(pipe.room())
+            await settle(pipe)
+            assert box.chunks == 2 and not waiter.done()  # both encoded, none sent: no room
+            assert box.pop() is not None  # the writer sends one
+            await asyncio.wait_for(waiter, 1)
+            task.cancel()
+
+    run(main())
+
+
+def test_a_full_queue_ends_the_pipeline_with_overflow() -> None:
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            pipe = Pipeline(Outbox(), pool, max_items=3)
+            for t in range(5):  # nothing runs yet: the last two do not fit
+                pipe.put(m.Pong(t=t, server_t=0))
+            assert pipe._queue.qsize() == 3
+            with pytest.raises(OutboxOverflow):
+                await asyncio.wait_for(pipe.run(), 1)
 
     run(main())

@@ -221,6 +221,26 @@ def test_oneshot_streams_frames_then_done_then_closes(worlds) -> None:
     run(main())
 
 
+def test_a_oneshot_to_a_slow_reader_loses_no_frame(worlds) -> None:
+    from web.metrics import DROPPED_FRAMES
+
+    async def main():
+        async with serving(worlds, outbox_chunks=2, send_buffer=8192) as server:
+            before = DROPPED_FRAMES.labels("raw")._value.get()
+            ws = await dial_stalled(server)
+            await send(ws, m.Generate(seed=4, chunks=24, codec="raw"))
+            await asyncio.sleep(2)  # not reading: a lossy outbox would have dropped chunks by now
+            ws.transport.resume_reading()
+            msgs = await recv_until(ws, m.Done)
+            frames = [msg for msg in msgs if isinstance(msg, m.Frames)]
+            assert [f.chunk for f in frames] == list(range(1, 25))
+            assert msgs[-1].frames == sum(len(f.data) for f in frames)
+            assert DROPPED_FRAMES.labels("raw")._value.get() == before
+            ws.transport.abort()
+
+    run(main())
+
+
 def test_h264_frames_decode_close_to_the_raw_frames(worlds) -> None:
     script = [[W], [D], [W], [{"keys": ["a"]}], [D], [W]]
 
