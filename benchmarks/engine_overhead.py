@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from gpu_shapes import shape_configs  # this folder: the MG/SF shapes
 
 from models.actions import FrameAction, group_actions
 from models.registry import from_name
@@ -82,9 +83,10 @@ async def served(manager: SessionManager, chunks: int, seed: int) -> list[float]
     return times
 
 
-def kv_formula(layers: int, frames: int, tokens: int, dim: int, itemsize: int) -> int:
-    """layers x (sink + window) frames x tokens/frame x dim x (K and V) x bytes per element."""
-    return layers * frames * tokens * dim * 2 * itemsize
+def wan_kv_bytes(shape: str) -> int:
+    """One session's bf16 KV bytes at a full-size Wan2.1-1.3B shape of gpu_shapes.py (VAE: 8x)."""
+    world, dit, _ = shape_configs(shape, tiny=False)
+    return dit.kv_bytes(dit.tokens_per_frame(world.height // 8, world.width // 8), itemsize=2)
 
 
 async def main_async(args: argparse.Namespace) -> dict:
@@ -106,9 +108,6 @@ async def main_async(args: argparse.Namespace) -> dict:
         await manager.shutdown()
         await asyncio.get_running_loop().run_in_executor(None, et.stop)
 
-    cfg = world.transformer.cfg
-    frames = cfg.sink_frames + cfg.window_frames
-    itemsize = torch.empty(0, dtype=world.dtype).element_size()
     measured = world.init_state(Conditioning()).kv.nbytes()
     b, s = statistics.median(bare), statistics.median(serve)
     return {
@@ -124,11 +123,10 @@ async def main_async(args: argparse.Namespace) -> dict:
         "kv_bytes_per_session": {
             "formula": "layers x (sink+window) frames x tokens/frame x dim x 2 (K,V) x itemsize"
             " (+ the action layers' temporal K/V)",
-            "formula_main": kv_formula(cfg.num_layers, frames, world.tokens_per_frame, cfg.dim, itemsize),
             "formula_total": world.kv_bytes_per_session(),
             "measured": measured,
-            "wan1.3b_self_forcing_bf16": kv_formula(30, 21, 1560, 1536, 2),
-            "wan1.3b_matrix_game2_bf16": kv_formula(30, 6, 880, 1536, 2) + kv_formula(15, 6, 880, 1024, 2),
+            "wan1.3b_self_forcing_bf16": wan_kv_bytes("sf"),
+            "wan1.3b_matrix_game2_bf16": wan_kv_bytes("mg"),
         },
         "threads": args.threads,
         "note": "CPU, 2 cores; timings include background load; ratio is measured side by side in one run",

@@ -92,6 +92,22 @@ class CausalWanConfig:
         """Hidden width."""
         return self.num_attention_heads * self.attention_head_dim
 
+    def tokens_per_frame(self, h: int, w: int) -> int:
+        """Tokens of one latent frame of size (h, w)."""
+        return (h // self.patch_size[1]) * (w // self.patch_size[2])
+
+    def kv_bytes(self, tokens_per_frame: int, itemsize: int) -> int:
+        """Bytes of one session's KV cache (what `CausalWan.new_cache` allocates): every layer's K
+        and V over (sink + window) frames, plus the action module's temporal K/V when it has
+        mouse or vector input."""
+        slots = (self.sink_frames + self.window_frames) * tokens_per_frame
+        total = self.num_layers * slots * self.dim * 2 * itemsize
+        a = self.action
+        if a is not None and (a.mouse or a.vector_dim):
+            layers = min(a.blocks, self.num_layers)
+            total += layers * slots * a.heads * (a.motion_dim // a.heads) * 2 * itemsize
+        return total
+
     def diffusers_config(self) -> dict:
         """The subset of fields `WanTransformer3DModel(**cfg)` takes."""
         return {
@@ -531,7 +547,7 @@ class CausalWan(nn.Module):
 
     def tokens_per_frame(self, h: int, w: int) -> int:
         """Tokens of one latent frame of size (h, w)."""
-        return (h // self.cfg.patch_size[1]) * (w // self.cfg.patch_size[2])
+        return self.cfg.tokens_per_frame(h, w)
 
     def new_cache(self, h: int, w: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:
         """An empty cache for one session at latent size (h, w): (sink + window) frames of slots."""

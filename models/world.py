@@ -175,16 +175,9 @@ class World:
         )
 
     def kv_bytes_per_session(self) -> int:
-        """Device bytes of one session's KV cache: layers x slots x heads x head_dim x (K, V) x dtype."""
-        cfg = self.transformer.cfg
-        slots = (cfg.sink_frames + cfg.window_frames) * self.tokens_per_frame
+        """Device bytes of one session's KV cache (see `CausalWanConfig.kv_bytes`)."""
         itemsize = torch.empty(0, dtype=self.dtype).element_size()
-        main = cfg.num_layers * slots * cfg.dim * 2 * itemsize
-        tr = self.transformer
-        act = 0
-        if tr.n_action_layers and tr.blocks[0].action.motion_width:
-            act = tr.n_action_layers * slots * tr.cfg.action.motion_dim * 2 * itemsize
-        return main + act
+        return self.transformer.cfg.kv_bytes(self.tokens_per_frame, itemsize)
 
     # -- the contract ---------------------------------------------------------------------------
 

@@ -176,3 +176,20 @@ def test_config_round_trips_and_rejects_unsupported():
         CausalWanConfig.from_dict({**cfg.diffusers_config(), "image_dim": 1280})
     with pytest.raises(ValueError, match="patch_size"):
         CausalWan(tiny_config(patch_size=(2, 2, 2)))
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        tiny_config(sink_frames=1, window_frames=5),
+        tiny_config(action=tiny_actions()),  # mouse + vector: temporal K/V in the cache too
+        tiny_config(action=tiny_actions(mouse=False, vector_dim=0)),  # keys only: no temporal K/V
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_bytes_formula_matches_the_allocated_cache(cfg: CausalWanConfig, dtype: torch.dtype):
+    model = CausalWan(cfg)
+    h, w = 6, 8  # latent size
+    cache = model.new_cache(h, w, "cpu", dtype)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    assert cfg.kv_bytes(cfg.tokens_per_frame(h, w), itemsize) == cache.nbytes() > 0
