@@ -35,6 +35,7 @@ from models.causal_wan import ActionConfig, CausalWan, CausalWanConfig
 from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
 from models.sampler import FlowSchedule
 from models.tiny_world import WEIGHTS_DIR as TINY_WORLD_DIR
+from models.tiny_world import start_image as game_start_image
 from models.vae import StreamingDecoder, WanStreamingVAE
 from models.world import World, WorldConfig
 
@@ -103,10 +104,8 @@ def start_image_fn(spec: dict | None) -> Callable[[int], np.ndarray] | None:
     kind = spec.get("kind")
     if kind not in START_IMAGE_KINDS:
         raise ValueError(f"unknown start_image kind {kind!r}; known: {list(START_IMAGE_KINDS)}")
-    from models.tiny_world import start_image  # the game's first frame
-
     size = int(spec.get("size", 64))
-    return lambda seed: start_image(seed, size)
+    return lambda seed: game_start_image(seed, size)
 
 
 def build_decoder(

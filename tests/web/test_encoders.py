@@ -22,6 +22,8 @@ from web.encoders import (
 )
 from web.errors import MediaError
 
+from .conftest import psnr
+
 
 def natural_frames(n: int, height: int, width: int) -> np.ndarray:
     """(n, H, W, 3) uint8: smooth gradients, a drifting texture and two moving soft-edged shapes.
@@ -53,11 +55,6 @@ def natural_frames(n: int, height: int, width: int) -> np.ndarray:
         img = img * (1 - box[..., None]) + np.array([50, 60, 130]) * box[..., None]
         out[t] = img.clip(0, 255).astype(np.uint8)
     return out
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float(10 * np.log10(255**2 / mse))
 
 
 def nal_types(unit: bytes) -> list[int]:
