@@ -10,12 +10,14 @@ The module tree and parameter names are diffusers' (`patch_embedding`, `conditio
 `blocks.N.attn1.to_q`, ...), built from diffusers' own submodules, so a diffusers checkpoint's
 state dict loads key for key; the action module adds `blocks.N.action.*`.
 
-Two forwards share every block:
+Two forwards share every block, which calls one pluggable attention (models/kv_pool.py):
 
-* `forward_chunk` runs one chunk of new latent frames per session against that session's
-  `KVCache`. It writes the chunk's own K/V into the scratch slots named by `CacheSlots` and
-  attends over the slot prefix `[0, n_valid)`: committed frames plus the chunk itself. Committed
-  slots are only ever read; whether the scratch becomes history is the caller's decision.
+* `forward_chunk` runs one chunk of new latent frames for every entry of a batch against the
+  model's static K/V pool (`setup_caches`). Each entry writes its chunk's K/V into scratch slots
+  of its session's row (`ChunkIndex.write`) and attends, under a mask, over the row's slot prefix
+  `[0, n_valid)`: committed frames plus the chunk itself. Committed slots are only ever read;
+  whether the scratch becomes history is the caller's decision. One batched call per layer, shapes
+  that depend on the batch size only (torch.compile / CUDA graphs), no host sync.
 * `forward_dense` runs whole clips with one timestep per frame under a frame-level attention
   mask (training, and the reference the cached path is tested against).
 
@@ -29,7 +31,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
-import torch.nn.functional as F
 from diffusers.models.attention import FeedForward
 from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import (
@@ -40,6 +41,7 @@ from diffusers.models.transformers.transformer_wan import (
 from torch import nn
 
 from models.actions import ActionSpace
+from models.kv_pool import ChunkIndex, DenseAttention, KVPool, PoolAttention, sdpa
 
 
 @dataclass
@@ -85,6 +87,7 @@ class CausalWanConfig:
     window_frames: int = 21  # local attention span in latent frames, the current chunk included
     sink_frames: int = 0  # first frames of a session kept in attention forever
     null_text_len: int = 1  # text tokens used when a session has no prompt embedding
+    max_text_len: int = 512  # prompt tokens a session may bring (text K/V slots per pool row)
     action: ActionConfig | None = None  # None: no action module
 
     @property
@@ -96,12 +99,13 @@ class CausalWanConfig:
         """Tokens of one latent frame of size (h, w)."""
         return (h // self.patch_size[1]) * (w // self.patch_size[2])
 
-    def kv_bytes(self, tokens_per_frame: int, itemsize: int) -> int:
-        """Bytes of one session's KV cache (what `CausalWan.new_cache` allocates): every layer's K
-        and V over (sink + window) frames, plus the action module's temporal K/V when it has
-        mouse or vector input."""
+    def kv_bytes(self, tokens_per_frame: int, itemsize: int, text_tokens: int | None = None) -> int:
+        """Bytes of one session's row of the K/V pool (`KVPool.row_nbytes`): every layer's K and V
+        over (sink + window) frames, its text K/V (`text_tokens`, default `max_text_len`), plus the
+        action module's temporal K/V when it has mouse or vector input."""
         slots = (self.sink_frames + self.window_frames) * tokens_per_frame
-        total = self.num_layers * slots * self.dim * 2 * itemsize
+        text = self.max_text_len if text_tokens is None else text_tokens
+        total = self.num_layers * (slots + text) * self.dim * 2 * itemsize
         a = self.action
         if a is not None and (a.mouse or a.vector_dim):
             layers = min(a.blocks, self.num_layers)
@@ -147,15 +151,6 @@ class CausalWanConfig:
 
 
 @dataclass
-class CacheSlots:
-    """Where one session's chunk lives in its `KVCache` (computed by runtime/kv_cache.py)."""
-
-    write_index: torch.Tensor  # (n_frames * tokens_per_frame,) int64: token slots of the chunk's K/V
-    n_valid: int  # tokens attended: the slot prefix [0, n_valid), committed frames + this chunk
-    frame_offset: int  # absolute latent-frame index of the chunk's first frame (RoPE position)
-
-
-@dataclass
 class TextKV:
     """Per-layer cross-attention K/V of one session's text conditioning (constant per session)."""
 
@@ -163,80 +158,46 @@ class TextKV:
     v: list[torch.Tensor] = field(default_factory=list)  # per layer (L_text, heads, head_dim)
 
 
-class KVCache(nn.Module):
-    """One session's K/V for every layer, post-RoPE, in frame slots (gpt-fast `KVCache` style).
-
-    Slot layout along the token axis (frames of `tokens_per_frame` tokens each)::
-
-        [ sink frames 0..S-1 | ring of W frame slots ]
-
-    Absolute frame f < S lives in slot f; f >= S lives in slot S + (f - S) % W. The runtime's
-    `KVLayout` decides which slots a chunk writes and how long the attended prefix is.
-    """
-
-    def __init__(
-        self,
-        layers: int,
-        capacity: int,
-        heads: int,
-        head_dim: int,
-        action_layers: int = 0,
-        action_heads: int = 1,
-        action_head_dim: int = 1,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ) -> None:
-        super().__init__()
-        self.register_buffer("k", torch.zeros(layers, capacity, heads, head_dim, dtype=dtype, device=device))
-        self.register_buffer("v", torch.zeros_like(self.k))
-        # The temporal action attention keeps its own K/V in the same slot layout.
-        shape = (action_layers, capacity, action_heads, action_head_dim)
-        self.register_buffer("ak", torch.zeros(shape, dtype=dtype, device=device))
-        self.register_buffer("av", torch.zeros_like(self.ak))
-
-    def update(
-        self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor, action: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write `k`, `v` (n, heads, head_dim) into token slots `index`; return the layer's buffers."""
-        kb, vb = (self.ak, self.av) if action else (self.k, self.v)
-        kb[layer].index_copy_(0, index, k.to(kb.dtype))
-        vb[layer].index_copy_(0, index, v.to(vb.dtype))
-        return kb[layer], vb[layer]
-
-    def nbytes(self) -> int:
-        """Device bytes held by this cache."""
-        return sum(b.numel() * b.element_size() for b in (self.k, self.v, self.ak, self.av))
-
-
 # --- rotary embeddings -------------------------------------------------------------------------
 
 
 def _axis_freqs(dim: int, positions: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables (n, dim) for integer positions, computed exactly as diffusers' table rows."""
+    """cos/sin tables (*positions.shape, dim) for integer positions, as diffusers' table rows."""
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim))
-    freqs = torch.outer(positions.to(torch.float64), inv)  # (n, dim/2)
+    freqs = positions.to(torch.float64)[..., None] * inv  # (..., dim/2)
     return (
-        freqs.cos().repeat_interleave(2, dim=1).float(),
-        freqs.sin().repeat_interleave(2, dim=1).float(),
+        freqs.cos().repeat_interleave(2, dim=-1).float(),
+        freqs.sin().repeat_interleave(2, dim=-1).float(),
     )
 
 
 def rope_3d(
-    head_dim: int, frame_offset: int, frames: int, h: int, w: int, device: torch.device, theta: float = 1e4
+    head_dim: int, frame_pos: torch.Tensor, h: int, w: int, theta: float = 1e4
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Wan's 3D RoPE for frames [frame_offset, frame_offset + frames): cos, sin of (frames*h*w, head_dim)."""
+    """Wan's 3D RoPE for frames at RoPE indices `frame_pos` (B, F) int64: cos, sin of
+    (B, F*h*w, 1, head_dim). Frame indices are a tensor, so one call serves a whole batch."""
     hw_dim = 2 * (head_dim // 6)
     t_dim = head_dim - 2 * hw_dim
-    ft = _axis_freqs(t_dim, torch.arange(frame_offset, frame_offset + frames, device=device), theta)
-    fh = _axis_freqs(hw_dim, torch.arange(h, device=device), theta)
-    fw = _axis_freqs(hw_dim, torch.arange(w, device=device), theta)
+    b, f = frame_pos.shape
+    ft = _axis_freqs(t_dim, frame_pos, theta)
+    fh = _axis_freqs(hw_dim, torch.arange(h, device=frame_pos.device), theta)
+    fw = _axis_freqs(hw_dim, torch.arange(w, device=frame_pos.device), theta)
     out = []
     for i in range(2):  # cos, then sin
-        t = ft[i].view(frames, 1, 1, -1).expand(frames, h, w, -1)
-        hh = fh[i].view(1, h, 1, -1).expand(frames, h, w, -1)
-        ww = fw[i].view(1, 1, w, -1).expand(frames, h, w, -1)
-        out.append(torch.cat([t, hh, ww], dim=-1).reshape(frames * h * w, head_dim))
+        t = ft[i].view(b, f, 1, 1, -1).expand(b, f, h, w, -1)
+        hh = fh[i].view(1, 1, h, 1, -1).expand(b, f, h, w, -1)
+        ww = fw[i].view(1, 1, 1, w, -1).expand(b, f, h, w, -1)
+        out.append(torch.cat([t, hh, ww], dim=-1).reshape(b, f * h * w, 1, head_dim))
     return out[0], out[1]
+
+
+def frame_rope(
+    head_dim: int, frame_pos: torch.Tensor, tokens_per_frame: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """1D RoPE along frames, one position per frame: cos, sin (B, F*T, 1, head_dim)."""
+    cos, sin = _axis_freqs(head_dim, frame_pos, theta)  # (B, F, hd)
+    t = tokens_per_frame
+    return cos.repeat_interleave(t, dim=1)[:, :, None], sin.repeat_interleave(t, dim=1)[:, :, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -268,38 +229,7 @@ def frame_attention_mask(
     return mask
 
 
-# --- attention helpers -------------------------------------------------------------------------
-
-
-def _sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """SDPA over (..., L, heads, head_dim) tensors; returns (..., Lq, heads, head_dim)."""
-    out = F.scaled_dot_product_attention(q.transpose(-3, -2), k.transpose(-3, -2), v.transpose(-3, -2), mask)
-    return out.transpose(-3, -2)
-
-
-@dataclass
-class _ChunkAttn:
-    """Per-forward attention context of `forward_chunk` (one entry per session)."""
-
-    caches: Sequence[KVCache]
-    slots: Sequence[CacheSlots]
-    tokens_per_frame: int
-
-
-@dataclass
-class _DenseAttn:
-    """Per-forward attention context of `forward_dense`."""
-
-    frame_mask: torch.Tensor  # (F, F) bool
-    tokens_per_frame: int
-    positions: torch.Tensor | None = None  # (F,) int64 RoPE frame index of each frame; None = 0..F-1
-    token_mask: torch.Tensor = field(init=False)  # (F*T, F*T) bool, the frame mask per token
-
-    def __post_init__(self) -> None:
-        t = self.tokens_per_frame
-        self.token_mask = self.frame_mask.repeat_interleave(t, 0).repeat_interleave(t, 1)
+Attention = PoolAttention | DenseAttention  # the pluggable attention every block calls
 
 
 # --- action module -----------------------------------------------------------------------------
@@ -312,7 +242,7 @@ class ActionModule(nn.Module):
         key embedding, a within-group frame embedding and a held/not-held term.
     motion (mouse + vector): an MLP over [hidden token, the frame's motion values], then
         self-attention along the frame axis at every spatial position, block-causal and cached
-        like the main attention (its K/V live in `KVCache.ak/av`).
+        like the main attention (its K/V live in the pool's `ak/av`).
     """
 
     def __init__(self, dim: int, cfg: ActionConfig, eps: float) -> None:
@@ -350,14 +280,7 @@ class ActionModule(nn.Module):
         """(heads, head_dim) of the temporal attention, for sizing the cache."""
         return self.cfg.heads, self.cfg.motion_dim // self.cfg.heads
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        actions: torch.Tensor,
-        frame_offsets: Sequence[int],
-        layer: int,
-        attn: _ChunkAttn | _DenseAttn,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, actions: torch.Tensor, layer: int, attn: Attention) -> torch.Tensor:
         """x (B, F*T, dim); actions (B, F, frames_per_latent, width). Returns x plus the action signal."""
         b, n_tok, _ = x.shape
         t = attn.tokens_per_frame
@@ -373,7 +296,7 @@ class ActionModule(nn.Module):
                 motion = motion[..., 2:]
             elif self.cfg.mouse_scale != 1.0:
                 motion = torch.cat([motion[..., :2] * self.cfg.mouse_scale, motion[..., 2:]], dim=-1)
-            out = out + self._motion(h, motion, frame_offsets, layer, attn, b, n, t)
+            out = out + self._motion(h, motion, layer, attn, b, n, t)
         return x + out
 
     def _keyboard(self, h: torch.Tensor, held: torch.Tensor, b: int, n: int, t: int) -> torch.Tensor:
@@ -386,56 +309,26 @@ class ActionModule(nn.Module):
         q = self.key_q(h).reshape(b * n, t, heads, kd // heads)  # (B*F, T, heads, hd)
         k = k.reshape(b * n, -1, heads, kd // heads)
         v = v.reshape(b * n, -1, heads, kd // heads)
-        o = _sdpa(self.key_norm_q(q), self.key_norm_k(k), v)  # (B*F, T, heads, hd)
+        o = sdpa(self.key_norm_q(q), self.key_norm_k(k), v)  # (B*F, T, heads, hd)
         return self.key_out(o.reshape(b, n * t, kd))
 
     def _motion(
-        self,
-        h: torch.Tensor,
-        motion: torch.Tensor,
-        frame_offsets: Sequence[int],
-        layer: int,
-        attn: _ChunkAttn | _DenseAttn,
-        b: int,
-        n: int,
-        t: int,
+        self, h: torch.Tensor, motion: torch.Tensor, layer: int, attn: Attention, b: int, n: int, t: int
     ) -> torch.Tensor:
         heads, hd = self.motion_heads
         per_frame = motion.reshape(b, n, 1, -1).expand(b, n, t, -1).reshape(b, n * t, -1)
         m = self.motion_mlp(torch.cat([h, per_frame], dim=-1))
         q, k, v = self.motion_qkv(m).reshape(b, n * t, 3, heads, hd).unbind(2)  # (B, F*T, heads, hd)
-        q, k = self.motion_norm_q(q), self.motion_norm_k(k)
-        outs = []
-        for i in range(b):
-            pos = torch.arange(frame_offsets[i], frame_offsets[i] + n, device=h.device)
-            if isinstance(attn, _DenseAttn) and attn.positions is not None:
-                pos = attn.positions.to(h.device)
-            cos, sin = _axis_freqs(hd, pos, self.cfg.rope_theta)
-            cos = cos.repeat_interleave(t, 0)[:, None, :]  # (F*T, 1, hd): one position per frame
-            sin = sin.repeat_interleave(t, 0)[:, None, :]
-            qi, ki = apply_rope(q[i], cos, sin), apply_rope(k[i], cos, sin)
-            if isinstance(attn, _ChunkAttn):
-                slots = attn.slots[i]
-                kb, vb = attn.caches[i].update(layer, slots.write_index, ki, v[i], action=True)
-                fv = slots.n_valid // t
-                kk = kb[: slots.n_valid].view(fv, t, heads, hd).transpose(0, 1)  # (T, Fv, heads, hd)
-                vv = vb[: slots.n_valid].view(fv, t, heads, hd).transpose(0, 1)
-                mask = None
-            else:
-                kk = ki.view(n, t, heads, hd).transpose(0, 1)
-                vv = v[i].view(n, t, heads, hd).transpose(0, 1)
-                mask = attn.frame_mask
-            qq = qi.view(n, t, heads, hd).transpose(0, 1)  # (T, F, heads, hd): attention runs along frames
-            o = _sdpa(qq, kk, vv, mask).transpose(0, 1).reshape(n * t, heads * hd)
-            outs.append(o)
-        return self.motion_out(torch.stack(outs))
+        cos, sin = attn.motion_rope
+        q, k = apply_rope(self.motion_norm_q(q), cos, sin), apply_rope(self.motion_norm_k(k), cos, sin)
+        return self.motion_out(attn.motion_attn(layer, q, k, v))
 
 
 # --- transformer block -------------------------------------------------------------------------
 
 
 class CausalWanBlock(nn.Module):
-    """A Wan2.1 block (diffusers submodules and names) whose self-attention goes through a cache."""
+    """A Wan2.1 block (diffusers submodules and names); its attention goes through `attn`."""
 
     def __init__(self, cfg: CausalWanConfig, index: int) -> None:
         super().__init__()
@@ -463,40 +356,25 @@ class CausalWanBlock(nn.Module):
         self.action = ActionModule(dim, cfg.action, cfg.eps) if has_action else None
 
     def text_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention K/V (L_text, heads, head_dim) for projected text tokens (L_text, dim)."""
+        """Cross-attention K/V (..., L_text, heads, head_dim) for projected text tokens (..., L_text, dim)."""
         k = self.attn2.norm_k(self.attn2.to_k(context)).unflatten(-1, (self.heads, -1))
         v = self.attn2.to_v(context).unflatten(-1, (self.heads, -1))
         return k, v
 
     def forward(
-        self,
-        x: torch.Tensor,
-        mod: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        text: Sequence[TextKV],
-        layer: int,
-        attn: _ChunkAttn | _DenseAttn,
-        actions: torch.Tensor | None,
-        frame_offsets: Sequence[int],
+        self, x: torch.Tensor, mod: torch.Tensor, layer: int, attn: Attention, actions: torch.Tensor | None
     ) -> torch.Tensor:
-        """x (B, L, dim); mod (B, L or 1, 6, dim) timestep projection; rope tables (B, L, 1, head_dim)."""
+        """x (B, L, dim); mod (B, L or 1, 6, dim) timestep projection."""
         shift, scale, gate, c_shift, c_scale, c_gate = (self.scale_shift_table + mod.float()).unbind(2)
 
-        # 1. self-attention (block-causal, through the cache in chunk mode)
+        # 1. self-attention (block-causal; through the pool in chunk mode)
         h = (self.norm1(x.float()) * (1 + scale) + shift).type_as(x)
         a = self.attn1
         q = a.norm_q(a.to_q(h)).unflatten(2, (self.heads, -1))  # (B, L, heads, hd)
         k = a.norm_k(a.to_k(h)).unflatten(2, (self.heads, -1))
         v = a.to_v(h).unflatten(2, (self.heads, -1))
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if isinstance(attn, _ChunkAttn):
-            outs = []
-            for i, (cache, slots) in enumerate(zip(attn.caches, attn.slots, strict=True)):
-                kb, vb = cache.update(layer, slots.write_index, k[i], v[i])
-                outs.append(_sdpa(q[i], kb[: slots.n_valid], vb[: slots.n_valid]))
-            o = torch.stack(outs)
-        else:
-            o = _sdpa(q, k, v, attn.token_mask)
+        q, k = apply_rope(q, *attn.rope), apply_rope(k, *attn.rope)
+        o = attn.self_attn(layer, q, k, v)
         o = a.to_out[0](o.flatten(2, 3).type_as(q))
         x = (x.float() + o * gate).type_as(x)
 
@@ -504,12 +382,12 @@ class CausalWanBlock(nn.Module):
         h = self.norm2(x.float()).type_as(x)
         b2 = self.attn2
         q = b2.norm_q(b2.to_q(h)).unflatten(2, (self.heads, -1))
-        o = torch.stack([_sdpa(q[i], text[i].k[layer], text[i].v[layer]) for i in range(x.shape[0])])
+        o = attn.cross_attn(layer, q)
         x = x + b2.to_out[0](o.flatten(2, 3).type_as(q))
 
         # 3. actions
         if self.action is not None and actions is not None:
-            x = self.action(x, actions, frame_offsets, layer, attn)
+            x = self.action(x, actions, layer, attn)
 
         # 4. feed-forward
         h = (self.norm3(x.float()) * (1 + c_scale) + c_shift).type_as(x)
@@ -542,37 +420,57 @@ class CausalWan(nn.Module):
         self.norm_out = FP32LayerNorm(dim, cfg.eps, elementwise_affine=False)
         self.proj_out = nn.Linear(dim, cfg.out_channels * math.prod(cfg.patch_size))
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
+        self.pool: KVPool | None = None  # set by setup_caches
 
-    # -- per-session setup ----------------------------------------------------------------------
+    # -- the K/V pool ---------------------------------------------------------------------------
 
     def tokens_per_frame(self, h: int, w: int) -> int:
         """Tokens of one latent frame of size (h, w)."""
         return self.cfg.tokens_per_frame(h, w)
 
-    def new_cache(self, h: int, w: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:
-        """An empty cache for one session at latent size (h, w): (sink + window) frames of slots."""
+    @property
+    def _motion_heads(self) -> tuple[int, int] | None:
+        if self.n_action_layers and self.blocks[0].action.motion_width > 0:
+            return self.blocks[0].action.motion_heads
+        return None
+
+    def setup_caches(
+        self,
+        max_sessions: int,
+        h: int,
+        w: int,
+        text_tokens: int | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> KVPool:
+        """Preallocate the K/V pool: `max_sessions` rows at latent size (h, w), each with (sink +
+        window) frame slots and `text_tokens` (default `cfg.max_text_len`) text K/V slots."""
         cfg = self.cfg
+        p = next(self.parameters())
         capacity = (cfg.sink_frames + cfg.window_frames) * self.tokens_per_frame(h, w)
-        has_motion = self.n_action_layers > 0 and self.blocks[0].action.motion_width > 0
-        a_heads, a_hd = self.blocks[0].action.motion_heads if has_motion else (1, 1)
-        return KVCache(
+        motion = self._motion_heads
+        a_heads, a_hd = motion if motion else (1, 1)
+        self.pool = KVPool(
+            max_sessions,
             cfg.num_layers,
             capacity,
             cfg.num_attention_heads,
             cfg.attention_head_dim,
-            self.n_action_layers if has_motion else 0,
+            text_tokens or cfg.max_text_len,
+            self.n_action_layers if motion else 0,
             a_heads,
             a_hd,
-            dtype=dtype,
-            device=device,
+            dtype=dtype or p.dtype,
+            device=device or p.device,
         )
+        return self.pool
 
     def null_text(self, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
         """The text embedding of a session without a prompt: zeros (null_text_len, text_dim)."""
         return torch.zeros(self.cfg.null_text_len, self.cfg.text_dim, device=device, dtype=dtype)
 
     def text_kv(self, text: torch.Tensor) -> TextKV:
-        """Precompute every layer's cross-attention K/V for text embeddings (L_text, text_dim)."""
+        """Every layer's cross-attention K/V for text embeddings (L_text, text_dim)."""
         ctx = self.condition_embedder.text_embedder(text)
         out = TextKV()
         for blk in self.blocks:
@@ -580,6 +478,16 @@ class CausalWan(nn.Module):
             out.k.append(k)
             out.v.append(v)
         return out
+
+    def set_text(self, row: int, text: torch.Tensor) -> None:
+        """Store the cross-attention K/V of text embeddings (L_text, text_dim) in pool row `row`."""
+        kv = self.text_kv(text)
+        self._pool().set_text(row, kv.k, kv.v)
+
+    def _pool(self) -> KVPool:
+        if self.pool is None:
+            raise RuntimeError("call setup_caches() before running chunks")
+        return self.pool
 
     # -- forwards -------------------------------------------------------------------------------
 
@@ -609,51 +517,40 @@ class CausalWan(nn.Module):
         x = x.permute(0, 7, 1, 4, 2, 5, 3, 6)  # (B, C, F, pt, H, ph, W, pw)
         return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
-    def _rope(
-        self,
-        offsets: Sequence[int],
-        grid: tuple[int, int, int],
-        device: torch.device,
-        positions: torch.Tensor | None = None,
-    ):
-        f, hh, ww = grid
-        if positions is not None:
-            # Frames at arbitrary RoPE frame indices: one row of frames per distinct position.
-            uniq, inverse = torch.unique(positions.cpu(), return_inverse=True)
-            tables = [rope_3d(self.cfg.attention_head_dim, int(p), 1, hh, ww, device) for p in uniq]
-            cos = torch.stack([tables[int(j)][0] for j in inverse]).flatten(0, 1)  # (F*h*w, hd)
-            sin = torch.stack([tables[int(j)][1] for j in inverse]).flatten(0, 1)
-            n = len(offsets)
-            return cos[None, :, None, :].expand(n, -1, -1, -1), sin[None, :, None, :].expand(n, -1, -1, -1)
-        tables = [rope_3d(self.cfg.attention_head_dim, o, f, hh, ww, device) for o in offsets]
-        cos = torch.stack([c for c, _ in tables])[:, :, None, :]  # (B, L, 1, hd)
-        sin = torch.stack([s for _, s in tables])[:, :, None, :]
-        return cos, sin
+    def _ropes(
+        self, frame_pos: torch.Tensor, grid: tuple[int, int, int]
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
+        """Once per forward: the 3D RoPE tables and the action module's frame RoPE."""
+        _, hh, ww = grid
+        rope = rope_3d(self.cfg.attention_head_dim, frame_pos, hh, ww)
+        motion = self._motion_heads
+        if motion is None:
+            return rope, None
+        return rope, frame_rope(motion[1], frame_pos, hh * ww, self.cfg.action.rope_theta)
 
     def forward_chunk(
         self,
         x: torch.Tensor,
         t: torch.Tensor,
-        caches: Sequence[KVCache],
-        slots: Sequence[CacheSlots],
-        text: Sequence[TextKV],
+        index: ChunkIndex,
         actions: torch.Tensor | None = None,
         need_output: bool = True,
     ) -> torch.Tensor | None:
-        """One chunk per session: x (B, C, n, H, W) at timesteps t (B,) -> prediction (B, C, n, H, W).
+        """One chunk per batch entry: x (B, C, n, H, W) at timesteps t (B,) -> prediction (B, C, n, H, W).
 
-        Writes the chunk's K/V into each session's scratch slots (`slots[i].write_index`) and reads
-        slots [0, n_valid). `actions` (B, n, frames_per_latent, width) or None. With
-        `need_output=False` (the clean context pass) the output head is skipped.
+        Writes the chunk's K/V into each entry's pool row at `index.write` and attends over the
+        row's slots [0, n_valid). `actions` (B, n, frames_per_latent, width) or None. With
+        `need_output=False` (the clean context pass) the output head is skipped. Shapes depend
+        only on B, and nothing here reads a device value on the host.
         """
         tokens, grid = self._embed(x)
-        offsets = [s.frame_offset for s in slots]
-        rope = self._rope(offsets, grid, x.device)
+        frame_pos = index.frame_offset[:, None] + torch.arange(grid[0], device=x.device)  # (B, n)
+        rope, motion_rope = self._ropes(frame_pos, grid)
         temb, tproj = self._time(t, x.dtype)
         mod = tproj[:, None]  # (B, 1, 6, dim)
-        attn = _ChunkAttn(caches, slots, grid[1] * grid[2])
+        attn = PoolAttention(self._pool(), index, grid[1] * grid[2], rope, motion_rope)
         for i, blk in enumerate(self.blocks):
-            tokens = blk(tokens, mod, rope, text, i, attn, actions, offsets)
+            tokens = blk(tokens, mod, i, attn, actions)
         if not need_output:
             return None
         return self._head(tokens, temb[:, None], grid)
@@ -672,14 +569,20 @@ class CausalWan(nn.Module):
         `positions` (F,) int64 gives each frame's RoPE frame index (default 0..F-1). Repeated
         indices let one sequence hold two copies of a frame, e.g. a clean context copy and a
         noisy copy for teacher-forced training (CausVid); the mask decides who sees whom.
+        Every clip's text must have the same length.
         """
         tokens, grid = self._embed(x)
-        tpf = grid[1] * grid[2]
-        rope = self._rope([0] * x.shape[0], grid, x.device, positions)
+        b, tpf = x.shape[0], grid[1] * grid[2]
+        if positions is None:
+            positions = torch.arange(grid[0], device=x.device)
+        rope, motion_rope = self._ropes(positions.to(x.device)[None].expand(b, -1), grid)
         temb, tproj = self._time(t, x.dtype)  # (B, F, dim), (B, F, 6, dim)
         temb = temb.repeat_interleave(tpf, dim=1)
         mod = tproj.repeat_interleave(tpf, dim=1)
-        attn = _DenseAttn(frame_mask, tpf, positions)
+        layers = range(len(self.blocks))
+        text_k = [torch.stack([tk.k[i] for tk in text]) for i in layers]
+        text_v = [torch.stack([tk.v[i] for tk in text]) for i in layers]
+        attn = DenseAttention(frame_mask, tpf, text_k, text_v, rope, motion_rope)
         for i, blk in enumerate(self.blocks):
-            tokens = blk(tokens, mod, rope, text, i, attn, actions, [0] * x.shape[0])
+            tokens = blk(tokens, mod, i, attn, actions)
         return self._head(tokens, temb, grid)

@@ -3,25 +3,29 @@
 `World` implements the four calls the runtime's chunk transaction is built from
 (shared/DESIGN.md, "The world-model contract"):
 
-* `init_state(cond)` -> `WorldState`: an empty KV cache, decoder cache, RNG key, counters;
-* `denoise(x_t, t, states, slots, actions)` -> prediction; reads committed K/V, writes scratch only;
-* `context(x0, states, slots, actions)`: the clean pass that leaves the chunk's K/V in scratch;
+* `init_state(cond)` -> `WorldState`: a row of the model's K/V pool, decoder cache, RNG key, counters;
+* `denoise(x_t, t, index, actions)` -> prediction; reads committed K/V, writes scratch only;
+* `context(x0, index, actions)`: the clean pass that leaves the chunk's K/V in scratch;
 * `decode(latents, state)` -> frames and a *new* decoder cache (the old one is untouched).
 
-Nothing here advances a counter: committing is the runtime's job. No loop, no sessions, no I/O.
+`denoise` and `context` run one batched forward over every entry of a `ChunkIndex` (built by the
+runtime), optionally compiled with a fixed set of batch buckets. The K/V pool is static: `setup`
+sizes it once; a state owns a row until `release_state`. Nothing here advances a counter:
+committing is the runtime's job. No loop over sessions, no I/O.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
 
 from models.actions import ActionSpace, FrameLayout
-from models.causal_wan import CacheSlots, CausalWan, KVCache, TextKV
+from models.causal_wan import CausalWan
+from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise
 from models.vae import DecoderCache, StreamingDecoder
 
@@ -96,14 +100,16 @@ class Conditioning:
 class WorldState:
     """One session's world on the device. Counters move only in the runtime's commit."""
 
-    kv: KVCache  # per-layer K/V in frame slots (see KVCache for the layout)
-    text: TextKV  # constant cross-attention K/V
+    row: int  # the model's K/V pool row this session owns (self, action and text K/V)
     decoder: DecoderCache  # streaming decoder state after the last committed chunk
     seed: int  # RNG key: chunk c, step k draws noise from hash(seed, c, k)
     chunks: int = 0  # committed chunks
     frames: int = 0  # committed latent frames (the KV length)
     video_frames: int = 0  # committed video frames (frame0 of the next chunk)
     start_latents: torch.Tensor | None = None  # (C, 1, h, w) image latent, prefilled by the first chunk
+
+
+DEFAULT_MAX_SESSIONS = 16  # pool rows of a world nobody called `setup` on (the engine's default budget)
 
 
 def noise_seed(seed: int, chunk: int, step: int) -> int:
@@ -130,6 +136,10 @@ class World:
         self.device = torch.device(device)
         self.dtype = dtype
         self._start_image = start_image  # seed -> start frame, for worlds that invent their own
+        self._free_rows: list[int] = []  # pool rows no state owns (set up by `setup`)
+        self.buckets: tuple[int, ...] | None = None  # compiled batch sizes; None: eager, any size
+        self._denoise_fn = self._eager_denoise
+        self._context_fn = self._eager_context
         tcfg = transformer.cfg
         if decoder.latent_channels != tcfg.in_channels:
             raise ValueError(
@@ -175,28 +185,88 @@ class World:
         )
 
     def kv_bytes_per_session(self) -> int:
-        """Device bytes of one session's KV cache (see `CausalWanConfig.kv_bytes`)."""
+        """Device bytes of one session's pool row (see `CausalWanConfig.kv_bytes`)."""
         itemsize = torch.empty(0, dtype=self.dtype).element_size()
         return self.transformer.cfg.kv_bytes(self.tokens_per_frame, itemsize)
+
+    # -- the K/V pool ---------------------------------------------------------------------------
+
+    def setup(self, max_sessions: int) -> None:
+        """Allocate the static K/V pool: `max_sessions` rows (the runtime's stream budget).
+        Drops every row: call before any state exists."""
+        _, h, w = self.latent_shape
+        self.transformer.setup_caches(max_sessions, h, w, dtype=self.dtype, device=self.device)
+        self._free_rows = list(range(max_sessions))
+
+    @property
+    def max_sessions(self) -> int:
+        """Rows of the pool (0 before `setup`)."""
+        pool = self.transformer.pool
+        return 0 if pool is None else pool.rows
+
+    @property
+    def pad_row(self) -> int:
+        """The pool row padding entries of a batch bucket use."""
+        return self.transformer._pool().pad_row
+
+    def _take_row(self) -> int:
+        if self.transformer.pool is None:
+            self.setup(DEFAULT_MAX_SESSIONS)
+        if not self._free_rows:
+            raise ModelError(f"all {self.max_sessions} K/V pool rows are taken")
+        return self._free_rows.pop(0)
+
+    def release_state(self, state: WorldState) -> None:
+        """Give a state's pool row back (the state must not run again). Idempotent."""
+        if state.row not in self._free_rows:
+            self._free_rows.append(state.row)
+
+    def bucket(self, n: int) -> int | None:
+        """The compiled batch size that holds `n` entries (None when eager: no padding)."""
+        if self.buckets is None:
+            return None
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"a batch of {n} exceeds the largest compiled bucket {self.buckets[-1]}")
+
+    def compile(self, buckets: tuple[int, ...] = (1, 2, 4, 8), mode: str | None = None) -> None:
+        """`torch.compile(fullgraph=True)` the two chunk forwards, one static graph per batch
+        bucket (batches are padded up to a bucket, padding rows masked). `mode="reduce-overhead"`
+        adds CUDA graphs on CUDA."""
+        import torch._dynamo as dynamo
+
+        self.buckets = tuple(sorted(set(buckets)))
+        limit = max(8, 2 * len(self.buckets))
+        if hasattr(dynamo.config, "recompile_limit"):
+            dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, limit)
+        else:  # older torch
+            dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, limit)
+        opts = {"fullgraph": True, "dynamic": False, "mode": mode}
+        self._denoise_fn = torch.compile(self._eager_denoise, **opts)
+        self._context_fn = torch.compile(self._eager_context, **opts)
 
     # -- the contract ---------------------------------------------------------------------------
 
     @torch.no_grad()
     def init_state(self, cond: Conditioning) -> WorldState:
         """An empty world for `cond` (allocates this session's KV cache on the device)."""
-        _, h, w = self.latent_shape
-        kv = self.transformer.new_cache(h, w, self.device, self.dtype)
         text = cond.text
+        tcfg = self.transformer.cfg
         if text is None:
             text = self.transformer.null_text(self.device, self.dtype)
-        elif text.ndim != 2 or text.shape[1] != self.transformer.cfg.text_dim:
-            raise ConditioningError("prompt", f"text embedding must be (L, {self.transformer.cfg.text_dim})")
-        state = WorldState(
-            kv=kv,
-            text=self.transformer.text_kv(text.to(self.device, self.dtype)),
-            decoder=self.decoder.init_cache(),
-            seed=int(cond.seed),
+        elif text.ndim != 2 or text.shape[1] != tcfg.text_dim:
+            raise ConditioningError("prompt", f"text embedding must be (L, {tcfg.text_dim})")
+        elif text.shape[0] > tcfg.max_text_len:
+            raise ConditioningError("prompt", f"text embedding has more than {tcfg.max_text_len} tokens")
+        start_latents = self._start_latents(cond)
+        row = self._take_row()
+        self.transformer.set_text(row, text.to(self.device, self.dtype))
+        return WorldState(
+            row=row, decoder=self.decoder.init_cache(), seed=int(cond.seed), start_latents=start_latents
         )
+
+    def _start_latents(self, cond: Conditioning) -> torch.Tensor | None:
         if self.config.image_start:
             image = cond.image
             if image is None:
@@ -210,63 +280,60 @@ class World:
                 raise ConditioningError(
                     "image", f"image must be uint8 {expected}, got {image.dtype} {image.shape}"
                 )
-            state.start_latents = self.decoder.encode(image[None]).to(self.device, self.dtype)
-        elif cond.image is not None:
+            return self.decoder.encode(image[None]).to(self.device, self.dtype)
+        if cond.image is not None:
             raise ConditioningError("image", f"{self.config.id} does not take a start image")
-        return state
+        return None
 
+    @torch.no_grad()
     def fork_state(self, state: WorldState) -> WorldState:
-        """A copy of the committed world. Decoder-cache and text tensors are never written in place,
-        so they are shared; the KV buffers are written (scratch) and are copied."""
-        kv = self.transformer.new_cache(*self.latent_shape[1:], self.device, self.dtype)
-        kv.load_state_dict(state.kv.state_dict())
-        return replace(state, kv=kv)
+        """A copy of the committed world in a fresh pool row. Decoder-cache tensors are never
+        written in place, so they are shared."""
+        row = self._take_row()
+        self.transformer._pool().copy_row(state.row, row)
+        return replace(state, row=row)
 
     def noise(self, seed: int, chunk: int, step: int, n_frames: int) -> torch.Tensor:
-        """Deterministic noise (C, n, h, w) for one session's chunk and step."""
-        gen = torch.Generator(device=self.device).manual_seed(noise_seed(seed, chunk, step))
+        """Deterministic noise (C, n, h, w) for one session's chunk and step.
+
+        Drawn on the CPU and copied, so a seed gives the same world on every device (up to float
+        error) and a replay on another machine draws the same numbers."""
+        gen = torch.Generator().manual_seed(noise_seed(seed, chunk, step))
         c, h, w = self.latent_shape
-        return torch.randn((c, n_frames, h, w), generator=gen, device=self.device, dtype=torch.float32).to(
-            self.dtype
-        )
+        x = torch.randn((c, n_frames, h, w), generator=gen, dtype=torch.float32)
+        return x.to(self.device, self.dtype)
 
     @torch.no_grad()
     def denoise(
-        self,
-        x_t: torch.Tensor,
-        t: float,
-        states: Sequence[WorldState],
-        slots: Sequence[CacheSlots],
-        actions: torch.Tensor | None,
+        self, x_t: torch.Tensor, t: float, index: ChunkIndex, actions: torch.Tensor | None
     ) -> torch.Tensor:
-        """One denoising forward for a batch of sessions: x_t (B, C, n, h, w) -> prediction."""
+        """One denoising forward for a batch: x_t (B, C, n, h, w) -> prediction (B, C, n, h, w)."""
         tt = torch.full((x_t.shape[0],), float(t), device=self.device, dtype=torch.float32)
-        return self.transformer.forward_chunk(
-            x_t, tt, [s.kv for s in states], slots, [s.text for s in states], self._actions(actions)
-        )
+        return self._denoise_fn(x_t, tt, index, self._actions(actions))
 
     @torch.no_grad()
     def context(
         self,
         x0: torch.Tensor,
-        states: Sequence[WorldState],
-        slots: Sequence[CacheSlots],
+        index: ChunkIndex,
         actions: torch.Tensor | None,
         noise: torch.Tensor | None = None,
     ) -> None:
-        """The clean pass: leaves the chunk's K/V in each session's scratch slots."""
+        """The clean pass: leaves the chunk's K/V in each entry's scratch slots."""
         sigma = self.config.context_noise
         x = x0 if sigma == 0 or noise is None else add_noise(x0, noise, sigma)
         tt = torch.full((x0.shape[0],), sigma * self.config.schedule.num_train, device=self.device)
-        self.transformer.forward_chunk(
-            x,
-            tt,
-            [s.kv for s in states],
-            slots,
-            [s.text for s in states],
-            self._actions(actions),
-            need_output=False,
-        )
+        self._context_fn(x, tt, index, self._actions(actions))
+
+    def _eager_denoise(
+        self, x: torch.Tensor, t: torch.Tensor, index: ChunkIndex, actions: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self.transformer.forward_chunk(x, t, index, actions)
+
+    def _eager_context(
+        self, x: torch.Tensor, t: torch.Tensor, index: ChunkIndex, actions: torch.Tensor | None
+    ) -> None:
+        self.transformer.forward_chunk(x, t, index, actions, need_output=False)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, state: WorldState) -> tuple[torch.Tensor, DecoderCache]:

@@ -1,8 +1,10 @@
 """The logical view of KV caches: which frame sits in which slot, and who may have a cache at all.
 
-Physical tensors live in `models.causal_wan.KVCache`, one per session, owned by the runner. This
-module is CPU-only arithmetic. A session's cache has S sink slots and a ring of W slots, each
-slot one latent frame of `tokens_per_frame` tokens::
+Physical tensors live in the model's static pool (`models.kv_pool.KVPool`, one row per session).
+This module is host-side arithmetic: it turns (row, committed length) pairs into the small
+`ChunkIndex` tensors of one step, built with numpy and copied to the device once (from pinned
+memory on CUDA, non-blocking). A session's row has S sink slots and a ring of W slots, each slot
+one latent frame of `tokens_per_frame` tokens::
 
     slot:   0 .. S-1        S .. S+W-1
           [ sinks (f < S) | ring: frame f >= S in slot S + (f - S) % W ]
@@ -22,9 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from models.causal_wan import CacheSlots, KVCache
+from models.kv_pool import ChunkIndex, KVPool
 
 
 @dataclass(frozen=True)
@@ -52,26 +55,61 @@ class KVLayout:
         local = list(range(max(s, committed - (w - n_new)), committed))
         return sinks + local
 
-    def slots(self, committed: int, n_new: int, device: torch.device | str) -> CacheSlots:
-        """Where a chunk of `n_new` frames following `committed` frames writes and what it reads."""
+    def write_slots(self, committed: int, n_new: int) -> np.ndarray:
+        """Token slots (n_new * tokens_per_frame,) a chunk of `n_new` frames after `committed` writes."""
         if n_new > self.window_frames:
             raise ValueError(f"a chunk of {n_new} frames does not fit a window of {self.window_frames}")
+        frames = np.arange(committed, committed + n_new)
+        s = self.sink_frames
+        frame_slots = np.where(frames < s, frames, s + (frames - s) % self.window_frames)
         t = self.tokens_per_frame
-        frame_slots = torch.tensor([self.slot_of(f) for f in range(committed, committed + n_new)])
-        index = (frame_slots[:, None] * t + torch.arange(t)[None, :]).flatten().to(device)
-        n_valid = min(committed + n_new, self.capacity_frames) * t
-        return CacheSlots(write_index=index, n_valid=n_valid, frame_offset=committed)
+        return (frame_slots[:, None] * t + np.arange(t)[None, :]).reshape(-1)
 
-    def committed_view(self, kv: KVCache, committed: int, n_next: int) -> dict[str, torch.Tensor]:
-        """The K/V a next chunk of `n_next` frames would read, in frame order (for tests and export)."""
+    def n_valid(self, committed: int, n_new: int) -> int:
+        """Tokens a chunk attends to: the slot prefix [0, n_valid) (committed frames + the chunk)."""
+        return min(committed + n_new, self.capacity_frames) * self.tokens_per_frame
+
+    def index(
+        self,
+        rows: list[int],
+        committed: list[int],
+        n_new: int,
+        pad_row: int,
+        bucket: int | None = None,
+        device: torch.device | str = "cpu",
+    ) -> ChunkIndex:
+        """The `ChunkIndex` of one step: entry i is pool row `rows[i]` after `committed[i]` frames.
+
+        With `bucket`, entries past len(rows) are padding: they write and read `pad_row` (their
+        outputs are discarded). One host buffer, one copy to the device.
+        """
+        b = bucket or len(rows)
+        if b < len(rows):
+            raise ValueError(f"{len(rows)} entries do not fit a bucket of {b}")
+        nt = n_new * self.tokens_per_frame
+        device = torch.device(device)
+        host = torch.empty((b, 3 + nt), dtype=torch.long, pin_memory=device.type == "cuda")
+        buf = host.numpy()
+        buf[:, 0] = pad_row
+        buf[:, 1] = self.n_valid(0, n_new)
+        buf[:, 2] = 0
+        buf[:, 3:] = self.write_slots(0, n_new)
+        for i, (row, done) in enumerate(zip(rows, committed, strict=True)):
+            buf[i, :3] = (row, self.n_valid(done, n_new), done)
+            buf[i, 3:] = self.write_slots(done, n_new)
+        dev = host.to(device, non_blocking=True)
+        return ChunkIndex(rows=dev[:, 0], write=dev[:, 3:], n_valid=dev[:, 1], frame_offset=dev[:, 2])
+
+    def committed_view(self, pool: KVPool, row: int, committed: int, n_next: int) -> dict[str, torch.Tensor]:
+        """The K/V of pool row `row` a next chunk of `n_next` frames would read, in frame order
+        (for tests and export); text K/V whole."""
         t = self.tokens_per_frame
         frames = self.attended(committed, n_next)
         idx = torch.tensor([self.slot_of(f) * t + i for f in frames for i in range(t)], dtype=torch.long)
-        idx = idx.to(kv.k.device)
-        return {
-            name: buf.index_select(1, idx)
-            for name, buf in (("k", kv.k), ("v", kv.v), ("ak", kv.ak), ("av", kv.av))
-        }
+        view = pool.row_view(row)
+        idx = idx.to(view["k"].device)
+        out = {name: view[name].index_select(1, idx) for name in ("k", "v", "ak", "av")}
+        return out | {"tk": view["tk"], "tv": view["tv"]}
 
 
 @dataclass(frozen=True)

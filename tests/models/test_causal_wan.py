@@ -42,19 +42,22 @@ def rollout(model: CausalWan, clean: list[torch.Tensor], noisy: torch.Tensor, t:
     """Context passes over `clean` chunks, then denoise `noisy` through the cache."""
     cfg = model.cfg
     layout = KVLayout(cfg.sink_frames, cfg.window_frames, model.tokens_per_frame(H, W))
-    cache = model.new_cache(H, W, "cpu", torch.float32)
-    tkv = model.text_kv(text)
+    model.setup_caches(1, H, W, text_tokens=8)
+    model.set_text(0, text)
     done = 0
     for _j, x in enumerate(clean):
         n = x.shape[2]
         act = None if actions is None else actions[:, done : done + n]
-        model.forward_chunk(
-            x, torch.zeros(1), [cache], [layout.slots(done, n, "cpu")], [tkv], act, need_output=False
-        )
+        model.forward_chunk(x, torch.zeros(1), index(model, layout, done, n), act, need_output=False)
         done += n
     n = noisy.shape[2]
     act = None if actions is None else actions[:, done : done + n]
-    return model.forward_chunk(noisy, torch.tensor([t]), [cache], [layout.slots(done, n, "cpu")], [tkv], act)
+    return model.forward_chunk(noisy, torch.tensor([t]), index(model, layout, done, n), act)
+
+
+def index(model: CausalWan, layout: KVLayout, done: int, n: int, row: int = 0):
+    """The one-entry ChunkIndex of row `row` after `done` committed frames."""
+    return layout.index([row], [done], n, model.pool.pad_row)
 
 
 def dense_reference(ref: WanTransformer3DModel, chunks, t: float, text, mask: torch.Tensor) -> torch.Tensor:
@@ -151,20 +154,16 @@ def test_cache_with_actions_matches_dense_forward(make_model):
 def test_denoise_never_writes_committed_slots(make_model):
     model = make_model(tiny_config(window_frames=4, sink_frames=1))
     layout = KVLayout(1, 4, model.tokens_per_frame(H, W))
-    cache = model.new_cache(H, W, "cpu", torch.float32)
-    tkv = model.text_kv(torch.zeros(1, 8))
+    model.setup_caches(1, H, W, text_tokens=1)
+    model.set_text(0, torch.zeros(1, 8))
     done = 0
     for n in [1, 2, 2, 2]:
-        model.forward_chunk(
-            torch.randn(1, 4, n, H, W), torch.zeros(1), [cache], [layout.slots(done, n, "cpu")], [tkv]
-        )
+        model.forward_chunk(torch.randn(1, 4, n, H, W), torch.zeros(1), index(model, layout, done, n))
         done += n
-    before = layout.committed_view(cache, done, 2)
+    before = layout.committed_view(model.pool, 0, done, 2)
     for t in (1000.0, 500.0):
-        model.forward_chunk(
-            torch.randn(1, 4, 2, H, W), torch.tensor([t]), [cache], [layout.slots(done, 2, "cpu")], [tkv]
-        )
-    after = layout.committed_view(cache, done, 2)
+        model.forward_chunk(torch.randn(1, 4, 2, H, W), torch.tensor([t]), index(model, layout, done, 2))
+    after = layout.committed_view(model.pool, 0, done, 2)
     for name in before:
         assert torch.equal(before[name], after[name])
 
@@ -187,9 +186,11 @@ def test_config_round_trips_and_rejects_unsupported():
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kv_bytes_formula_matches_the_allocated_cache(cfg: CausalWanConfig, dtype: torch.dtype):
+def test_kv_bytes_formula_matches_the_allocated_pool_row(cfg: CausalWanConfig, dtype: torch.dtype):
     model = CausalWan(cfg)
     h, w = 6, 8  # latent size
-    cache = model.new_cache(h, w, "cpu", dtype)
+    pool = model.setup_caches(3, h, w, dtype=dtype)
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    assert cfg.kv_bytes(cfg.tokens_per_frame(h, w), itemsize) == cache.nbytes() > 0
+    assert cfg.kv_bytes(cfg.tokens_per_frame(h, w), itemsize) == pool.row_nbytes() > 0
+    assert pool.nbytes() == 4 * pool.row_nbytes()  # 3 session rows + the padding row
+    assert not any(k.startswith("pool") for k in model.state_dict())  # weights only

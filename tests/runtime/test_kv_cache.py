@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from models.causal_wan import KVCache
+from models.kv_pool import KVPool
 from runtime.kv_cache import KVBudget, KVLayout
 
 
 def test_slots_fill_in_order_then_wrap_keeping_sinks():
     lay = KVLayout(sink_frames=1, window_frames=4, tokens_per_frame=2)
     assert [lay.slot_of(f) for f in range(9)] == [0, 1, 2, 3, 4, 1, 2, 3, 4]
-    s = lay.slots(committed=0, n_new=2, device="cpu")
-    assert s.write_index.tolist() == [0, 1, 2, 3] and s.n_valid == 4 and s.frame_offset == 0
-    s = lay.slots(committed=4, n_new=2, device="cpu")  # frames 4, 5 -> slots 4, 1 (wraps)
-    assert s.write_index.tolist() == [8, 9, 2, 3] and s.n_valid == 10
+    assert lay.write_slots(0, 2).tolist() == [0, 1, 2, 3] and lay.n_valid(0, 2) == 4
+    assert lay.write_slots(4, 2).tolist() == [8, 9, 2, 3] and lay.n_valid(4, 2) == 10  # 4, 5 -> 4, 1
+
+
+def test_index_pads_the_bucket_with_the_pad_row():
+    lay = KVLayout(sink_frames=1, window_frames=4, tokens_per_frame=2)
+    idx = lay.index([3, 0], [4, 0], 2, pad_row=7, bucket=4)
+    assert idx.rows.tolist() == [3, 0, 7, 7]
+    assert idx.n_valid.tolist() == [10, 4, 4, 4] and idx.frame_offset.tolist() == [4, 0, 0, 0]
+    assert idx.write.tolist() == [[8, 9, 2, 3]] + [[0, 1, 2, 3]] * 3
+    with pytest.raises(ValueError, match="bucket"):
+        lay.index([0, 1], [0, 0], 2, pad_row=7, bucket=1)
 
 
 @pytest.mark.parametrize(("sinks", "window", "chunk"), [(0, 4, 2), (1, 5, 2), (2, 6, 3), (0, 3, 3)])
@@ -23,14 +30,14 @@ def test_attended_frames_live_in_valid_slots_and_scratch_never_hits_them(sinks, 
     lay = KVLayout(sinks, window, 1)
     committed = 0
     for _ in range(12):
-        s = lay.slots(committed, chunk, "cpu")
+        n_valid = lay.n_valid(committed, chunk)
         attended = lay.attended(committed, chunk)
         slots = {lay.slot_of(f) for f in attended}
         assert len(slots) == len(attended)  # no two attended frames share a slot
-        assert all(x < s.n_valid for x in slots)
-        assert not slots & set(s.write_index.tolist())  # scratch never overwrites what is read
+        assert all(x < n_valid for x in slots)
+        assert not slots & set(lay.write_slots(committed, chunk).tolist())  # scratch never hits reads
         # the valid prefix holds exactly attended + scratch
-        assert s.n_valid == len(attended) + chunk
+        assert n_valid == len(attended) + chunk
         committed += chunk
 
 
@@ -43,16 +50,16 @@ def test_attended_window_contents():
 
 def test_committed_view_is_frame_ordered():
     lay = KVLayout(sink_frames=0, window_frames=3, tokens_per_frame=1)
-    kv = KVCache(layers=1, capacity=3, heads=1, head_dim=1)
-    for f in range(5):  # write frame index as the value
-        kv.update(0, torch.tensor([lay.slot_of(f)]), torch.full((1, 1, 1), float(f)), torch.zeros(1, 1, 1))
-    view = lay.committed_view(kv, committed=5, n_next=1)
+    pool = KVPool(rows=2, layers=1, capacity=3, heads=1, head_dim=1, text_tokens=1)
+    for f in range(5):  # write frame index as the value, in row 1
+        pool.k[0, 1, lay.slot_of(f)] = float(f)
+    view = lay.committed_view(pool, 1, committed=5, n_next=1)
     assert view["k"][0, :, 0, 0].tolist() == [3.0, 4.0]
 
 
 def test_chunk_larger_than_window_is_refused():
     with pytest.raises(ValueError, match="window"):
-        KVLayout(0, 2, 1).slots(0, 3, "cpu")
+        KVLayout(0, 2, 1).write_slots(0, 3)
 
 
 def test_budget_limits_count_and_bytes():

@@ -46,7 +46,8 @@ def test_teacher_forcing_matches_cached_rollout(make_model, n_chunks, chunk, win
     )[:, :, f:]
 
     layout = KVLayout(0, window, model.tokens_per_frame(H, W))
-    cache = model.new_cache(H, W, "cpu", torch.float32)
+    model.setup_caches(1, H, W, text_tokens=2)
+    model.pool.set_text(0, text.k, text.v)
     start = 0
     for n in sizes:
         if start > 0:  # denoise the noisy copy of this chunk against the committed cache
@@ -54,9 +55,7 @@ def test_teacher_forcing_matches_cached_rollout(make_model, n_chunks, chunk, win
             got = model.forward_chunk(
                 noisy[:, :, start - 1 : start - 1 + n],
                 t_noisy[:, start - 1],
-                [cache],
-                [layout.slots(start, n, "cpu")],
-                [text],
+                layout.index([0], [start], n, model.pool.pad_row),
                 actions[:, sl],
             )
             assert (got - dense[:, :, start - 1 : start - 1 + n]).abs().max().item() <= TOL
@@ -64,9 +63,7 @@ def test_teacher_forcing_matches_cached_rollout(make_model, n_chunks, chunk, win
         model.forward_chunk(
             clean[:, :, start : start + n],
             t_clean[:, start],
-            [cache],
-            [layout.slots(start, n, "cpu")],
-            [text],
+            layout.index([0], [start], n, model.pool.pad_row),
             actions[:, start : start + n],
             need_output=False,
         )

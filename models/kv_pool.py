@@ -1,0 +1,229 @@
+"""The static K/V pool of a causal Wan and the two attention backends its blocks call.
+
+gpt-fast's `setup_caches` idea with vLLM's logical/physical split: the model preallocates, per
+layer, K/V for a fixed number of session *rows* (plus one padding row), each row holding
+(sink + window) frame slots. A session owns a row; where its chunk writes and how much it reads
+is a `ChunkIndex` of small tensors the runtime computes once per step (runtime/kv_cache.py).
+Text K/V (cross-attention) and the action module's temporal K/V live in the same pool.
+
+Every batch entry reads its row's whole slot range under a mask (slot < n_valid), so the shapes
+of one step depend only on the batch size, never on how full a window is: one graph for
+`torch.compile` / CUDA graphs per batch bucket. Padding entries point at the padding row.
+
+Row layout along the token axis (frames of `tokens_per_frame` tokens each)::
+
+    [ sink frames 0..S-1 | ring of W frame slots ]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ChunkIndex:
+    """Where each batch entry's chunk lives in the pool (device tensors, one set per step)."""
+
+    rows: torch.Tensor  # (B,) int64 pool row of each entry; padding entries use the pool's pad row
+    write: torch.Tensor  # (B, n * tokens_per_frame) int64 token slots (within the row) of the chunk
+    n_valid: torch.Tensor  # (B,) int64 tokens attended: the slot prefix [0, n_valid)
+    frame_offset: torch.Tensor  # (B,) int64 absolute latent frame of the chunk's first frame (RoPE)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA over (..., L, heads, head_dim) tensors; returns (..., Lq, heads, head_dim).
+
+    With a batch dimension the call is 4-D (B, heads, L, head_dim), the layout the fused kernels take.
+    """
+    out = F.scaled_dot_product_attention(q.transpose(-3, -2), k.transpose(-3, -2), v.transpose(-3, -2), mask)
+    return out.transpose(-3, -2)
+
+
+def _frames_major(x: torch.Tensor, t: int) -> torch.Tensor:
+    """(B, F*T, heads, hd) -> (B*T, F, heads, hd): attention then runs along frames per position."""
+    return x.unflatten(1, (-1, t)).transpose(1, 2).flatten(0, 1)
+
+
+class KVPool(nn.Module):
+    """Preallocated K/V of `rows` sessions (+ a padding row) for every layer.
+
+    Buffers are non-persistent: they follow `.to()` with the model but never enter a state dict.
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        layers: int,
+        capacity: int,
+        heads: int,
+        head_dim: int,
+        text_tokens: int,
+        action_layers: int = 0,
+        action_heads: int = 1,
+        action_head_dim: int = 1,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        if rows < 1:
+            raise ValueError("a pool needs at least one session row")
+        self.rows = rows
+        self.capacity = capacity
+        r = rows + 1  # the last row takes padding entries' writes
+        z = dict(dtype=dtype, device=device)
+        self.register_buffer("k", torch.zeros(layers, r, capacity, heads, head_dim, **z), persistent=False)
+        self.register_buffer("v", torch.zeros_like(self.k), persistent=False)
+        shape = (action_layers, r, capacity, action_heads, action_head_dim)
+        self.register_buffer("ak", torch.zeros(shape, **z), persistent=False)
+        self.register_buffer("av", torch.zeros_like(self.ak), persistent=False)
+        text = torch.zeros(layers, r, text_tokens, heads, head_dim, **z)
+        self.register_buffer("tk", text, persistent=False)
+        self.register_buffer("tv", torch.zeros_like(self.tk), persistent=False)
+        # Text tokens per row; the padding row attends to one (zero) token so its softmax is finite.
+        self.register_buffer("text_len", torch.ones(r, dtype=torch.long, device=device), persistent=False)
+
+    @property
+    def pad_row(self) -> int:
+        """The row padding entries of a batch bucket write to and read from."""
+        return self.rows
+
+    @property
+    def text_tokens(self) -> int:
+        """Text tokens a row holds at most."""
+        return self.tk.shape[2]
+
+    def _buffers_of_rows(self) -> list[torch.Tensor]:
+        return [self.k, self.v, self.ak, self.av, self.tk, self.tv]
+
+    def row_nbytes(self) -> int:
+        """Device bytes one session row holds (every layer's K/V, action K/V and text K/V)."""
+        return sum(b[:, 0].numel() * b.element_size() for b in self._buffers_of_rows())
+
+    def nbytes(self) -> int:
+        """Device bytes of the whole pool."""
+        return sum(b.numel() * b.element_size() for b in self._buffers_of_rows())
+
+    @torch.no_grad()
+    def copy_row(self, src: int, dst: int) -> None:
+        """Make row `dst` a copy of row `src` (fork)."""
+        for b in self._buffers_of_rows():
+            b[:, dst].copy_(b[:, src])
+        self.text_len[dst] = self.text_len[src]
+
+    @torch.no_grad()
+    def set_text(self, row: int, k: list[torch.Tensor], v: list[torch.Tensor]) -> None:
+        """Store one session's per-layer text K/V (L_text, heads, head_dim) in `row`."""
+        n = k[0].shape[0]
+        if n > self.text_tokens:
+            raise ValueError(f"{n} text tokens exceed the pool's {self.text_tokens}")
+        for layer, (kl, vl) in enumerate(zip(k, v, strict=True)):
+            self.tk[layer, row].zero_()
+            self.tv[layer, row].zero_()
+            self.tk[layer, row, :n] = kl
+            self.tv[layer, row, :n] = vl
+        self.text_len[row] = n
+
+    def row_view(self, row: int) -> dict[str, torch.Tensor]:
+        """Row `row` of every K/V buffer (views: for tests, export and residency checks)."""
+        names = ("k", "v", "ak", "av", "tk", "tv")
+        return {name: b[:, row] for name, b in zip(names, self._buffers_of_rows(), strict=True)}
+
+
+class PoolAttention:
+    """The chunk forward's attention: every entry writes its chunk into its row and attends over
+    the row's slots under a per-entry mask; one batched call per layer, no loop over sessions."""
+
+    def __init__(
+        self,
+        pool: KVPool,
+        index: ChunkIndex,
+        tokens_per_frame: int,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        motion_rope: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> None:
+        self.pool = pool
+        self.index = index
+        self.tokens_per_frame = tokens_per_frame
+        self.rope = rope  # (B, L, 1, head_dim) cos, sin
+        self.motion_rope = motion_rope  # (B, L, 1, action head_dim) cos, sin; one position per frame
+        rows, dev = index.rows, index.rows.device
+        slot = torch.arange(pool.capacity, device=dev)
+        self.self_mask = (slot[None] < index.n_valid[:, None])[:, None, None, :]  # (B, 1, 1, cap)
+        tslot = torch.arange(pool.text_tokens, device=dev)
+        text_len = pool.text_len.index_select(0, rows)
+        self.text_mask = (tslot[None] < text_len[:, None])[:, None, None, :]  # (B, 1, 1, text)
+        t = tokens_per_frame
+        fslot = torch.arange(pool.capacity // t, device=dev)
+        fmask = (fslot[None] < (index.n_valid // t)[:, None])[:, None, None, :]  # (B, 1, 1, frames)
+        self.motion_mask = fmask.repeat_interleave(t, dim=0)  # (B*T, 1, 1, frames)
+        self._put = (rows[:, None], index.write)
+
+    def _write_read(
+        self, kb: torch.Tensor, vb: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        kb.index_put_(self._put, k.to(kb.dtype))
+        vb.index_put_(self._put, v.to(vb.dtype))
+        rows = self.index.rows
+        return kb.index_select(0, rows), vb.index_select(0, rows)
+
+    def self_attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v (B, L, heads, hd) post-RoPE -> (B, L, heads, hd)."""
+        kk, vv = self._write_read(self.pool.k[layer], self.pool.v[layer], k, v)
+        return sdpa(q, kk.to(q.dtype), vv.to(q.dtype), self.self_mask)
+
+    def cross_attn(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """q (B, L, heads, hd) over each entry's text K/V."""
+        rows = self.index.rows
+        kk = self.pool.tk[layer].index_select(0, rows).to(q.dtype)
+        vv = self.pool.tv[layer].index_select(0, rows).to(q.dtype)
+        return sdpa(q, kk, vv, self.text_mask)
+
+    def motion_attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Temporal attention along frames at every spatial position: q, k, v (B, n*T, heads, hd)."""
+        b, nt, heads, hd = q.shape
+        t = self.tokens_per_frame
+        n = nt // t
+        kk, vv = self._write_read(self.pool.ak[layer], self.pool.av[layer], k, v)  # (B, cap, heads, hd)
+        kk, vv = _frames_major(kk, t).to(q.dtype), _frames_major(vv, t).to(q.dtype)
+        o = sdpa(_frames_major(q, t), kk, vv, self.motion_mask)
+        return o.unflatten(0, (b, t)).transpose(1, 2).reshape(b, n * t, heads * hd)
+
+
+class DenseAttention:
+    """The whole-clip forward's attention (training and the reference): a frame-level mask."""
+
+    def __init__(
+        self,
+        frame_mask: torch.Tensor,
+        tokens_per_frame: int,
+        text_k: list[torch.Tensor],
+        text_v: list[torch.Tensor],
+        rope: tuple[torch.Tensor, torch.Tensor],
+        motion_rope: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> None:
+        t = tokens_per_frame
+        self.frame_mask = frame_mask  # (F, F) bool
+        self.token_mask = frame_mask.repeat_interleave(t, 0).repeat_interleave(t, 1)
+        self.tokens_per_frame = t
+        self.text_k, self.text_v = text_k, text_v  # per layer (B, L_text, heads, hd)
+        self.rope = rope
+        self.motion_rope = motion_rope
+
+    def self_attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Block-causal attention over the clip."""
+        return sdpa(q, k, v, self.token_mask)
+
+    def cross_attn(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention to the text tokens."""
+        return sdpa(q, self.text_k[layer].to(q.dtype), self.text_v[layer].to(q.dtype))
+
+    def motion_attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Temporal attention along frames under the frame mask."""
+        b, nt, heads, hd = q.shape
+        t = self.tokens_per_frame
+        o = sdpa(_frames_major(q, t), _frames_major(k, t), _frames_major(v, t), self.frame_mask)
+        return o.unflatten(0, (b, t)).transpose(1, 2).reshape(b, nt, heads * hd)
