@@ -86,7 +86,7 @@ class HostSyncError(AssertionError):
 class NoHostSync(TorchFunctionMode):
     """Fails on `.item()`, `.cpu()`, `.tolist()`, `.numpy()` and tensor truthiness."""
 
-    BANNED = {"item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"}
+    BANNED = frozenset({"item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"})
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__name__", "") in self.BANNED:
