@@ -29,6 +29,7 @@ Configs: the tiny world uses per-frame latents (temporal 1, kernel 1: no cache t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
@@ -308,6 +309,35 @@ class FastStreamingDecoder:
         """latents (C, n, h, w) -> frames (T, H, W, 3) uint8 and the advanced cache."""
         video, new = self.decode_float(latents, cache)
         return to_uint8(video), new
+
+    @torch.no_grad()
+    def decode_batch(
+        self, latents: Sequence[torch.Tensor], caches: Sequence[DecoderCache]
+    ) -> tuple[list[torch.Tensor], list[DecoderCache]]:
+        """Many sessions at once (see `models.vae.decode_batch`): sessions with the same chunk
+        length and stream phase decode in one forward; each result equals `decode` alone."""
+        ae = self.ae
+        k = ae.cfg.temporal_kernel
+        frames: list[torch.Tensor] = [torch.empty(0)] * len(latents)
+        new: list[DecoderCache] = [self.init_cache()] * len(latents)
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for b, (z, c) in enumerate(zip(latents, caches, strict=True)):
+            groups.setdefault((z.shape[1], c.frames == 0), []).append(b)
+        for (n, first), idx in groups.items():
+            z = torch.stack([latents[b] for b in idx]).to(ae.latents_std.device, ae.latents_std.dtype)
+            raw = z * ae.latents_std + ae.latents_mean  # (G, C, n, h, w)
+            history = None
+            if k > 1:
+                zeros = raw.new_zeros(1, raw.shape[1], k - 1, *raw.shape[3:])
+                history = torch.cat([caches[b].feats[0] if caches[b].feats else zeros for b in idx])
+            video = ae.decode_raw(raw, history, first=first).clamp(-1, 1)  # (G, 3, T, H, W)
+            out = ((video + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 4, 1).contiguous()
+            tail = torch.cat([history, raw], dim=2)[:, :, -(k - 1) :] if history is not None else None
+            for j, b in enumerate(idx):
+                frames[b] = out[j]
+                feats = () if tail is None else (tail[j : j + 1].clone(),)
+                new[b] = DecoderCache(feats=feats, frames=caches[b].frames + n)
+        return frames, new
 
     @torch.no_grad()
     def encode(self, frames: np.ndarray) -> torch.Tensor:

@@ -97,3 +97,23 @@ def test_config_round_trip_and_validation():
         FastAEConfig(spatial=4)
     with pytest.raises(ValueError, match="latents_mean"):
         dataclasses.replace(FastAEConfig(), latents_mean=[0.0])
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_batched_decode_equals_each_session_alone(layout):
+    dec = make(**LAYOUTS[layout])
+    gen = torch.Generator().manual_seed(1)
+    caches = [dec.init_cache()]  # session 0 starts now; the others are mid-stream
+    for n in (2, 3, 2):
+        _, c = dec.decode(torch.randn(4, n, 6, 6, generator=gen), dec.init_cache())
+        caches.append(c)
+    z = [torch.randn(4, 2, 6, 6, generator=gen) for _ in caches]
+    frames, new = dec.decode_batch(z, caches)
+    for b in range(len(caches)):
+        alone, cache = dec.decode(z[b], caches[b])
+        assert frames[b].shape == alone.shape and frames[b].dtype == torch.uint8
+        assert (frames[b].int() - alone.int()).abs().max().item() <= 1  # conv batch size: ~1e-5
+        assert new[b].frames == cache.frames
+        for x, y in zip(new[b].feats, cache.feats, strict=True):
+            assert torch.allclose(x, y, atol=1e-6)
