@@ -17,7 +17,7 @@ committing is the runtime's job. No loop over sessions, no I/O.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -298,10 +298,20 @@ class World:
 
         Drawn on the CPU and copied, so a seed gives the same world on every device (up to float
         error) and a replay on another machine draws the same numbers."""
-        gen = torch.Generator().manual_seed(noise_seed(seed, chunk, step))
+        return self.noise_batch([(seed, chunk, step)], n_frames)[0]
+
+    def noise_batch(self, keys: Sequence[tuple[int, int, int] | None], n_frames: int) -> torch.Tensor:
+        """(len(keys), C, n, h, w): entry i is `noise(*keys[i], n_frames)`, zeros where keys[i]
+        is None (batch padding). Drawn on the CPU, copied to the device once."""
         c, h, w = self.latent_shape
-        x = torch.randn((c, n_frames, h, w), generator=gen, dtype=torch.float32)
-        return x.to(self.device, self.dtype)
+        out = torch.zeros((len(keys), c, n_frames, h, w), dtype=torch.float32)
+        for i, key in enumerate(keys):
+            if key is not None:
+                gen = torch.Generator().manual_seed(noise_seed(*key))
+                torch.randn((c, n_frames, h, w), generator=gen, out=out[i])
+        if self.device.type == "cuda":
+            out = out.pin_memory()
+        return out.to(self.device, self.dtype, non_blocking=True)
 
     @torch.no_grad()
     def denoise(

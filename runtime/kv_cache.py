@@ -71,7 +71,7 @@ class KVLayout:
 
     def index(
         self,
-        rows: list[int],
+        rows: list[int | None],
         committed: list[int],
         n_new: int,
         pad_row: int,
@@ -80,8 +80,9 @@ class KVLayout:
     ) -> ChunkIndex:
         """The `ChunkIndex` of one step: entry i is pool row `rows[i]` after `committed[i]` frames.
 
-        With `bucket`, entries past len(rows) are padding: they write and read `pad_row` (their
-        outputs are discarded). One host buffer, one copy to the device.
+        Entries whose row is None, and with `bucket` the entries past len(rows), are padding:
+        they write and read `pad_row` (their outputs are discarded). One host buffer (pinned on
+        CUDA), one non-blocking copy to the device.
         """
         b = bucket or len(rows)
         if b < len(rows):
@@ -95,6 +96,8 @@ class KVLayout:
         buf[:, 2] = 0
         buf[:, 3:] = self.write_slots(0, n_new)
         for i, (row, done) in enumerate(zip(rows, committed, strict=True)):
+            if row is None:
+                continue
             buf[i, :3] = (row, self.n_valid(done, n_new), done)
             buf[i, 3:] = self.write_slots(done, n_new)
         dev = host.to(device, non_blocking=True)

@@ -17,8 +17,8 @@ def test_slots_fill_in_order_then_wrap_keeping_sinks():
 
 def test_index_pads_the_bucket_with_the_pad_row():
     lay = KVLayout(sink_frames=1, window_frames=4, tokens_per_frame=2)
-    idx = lay.index([3, 0], [4, 0], 2, pad_row=7, bucket=4)
-    assert idx.rows.tolist() == [3, 0, 7, 7]
+    idx = lay.index([3, None, 0], [4, 6, 0], 2, pad_row=7, bucket=4)  # None: a cancelled entry
+    assert idx.rows.tolist() == [3, 7, 0, 7]
     assert idx.n_valid.tolist() == [10, 4, 4, 4] and idx.frame_offset.tolist() == [4, 0, 0, 0]
     assert idx.write.tolist() == [[8, 9, 2, 3]] + [[0, 1, 2, 3]] * 3
     with pytest.raises(ValueError, match="bucket"):
