@@ -170,10 +170,8 @@ def run_layers(
     for layer in layers:
         b, t = x.shape[:2]
         if isinstance(layer, MemBlock):
-            if memory is None:
-                prev = x.new_zeros(b, 1, *x.shape[2:])
-            else:
-                prev = memory[len(new_memory)][:, None]  # (B, 1, C, H, W)
+            # the previous frame of the clip's first frame: (B, 1, C, H, W)
+            prev = x.new_zeros(b, 1, *x.shape[2:]) if memory is None else memory[len(new_memory)][:, None]
             past = torch.cat([prev, x[:, :-1]], dim=1)  # frame t sees frame t-1
             new_memory.append(x[:, -1].clone())
             x = layer(x.flatten(0, 1), past.flatten(0, 1)).view_as(x)
@@ -204,7 +202,8 @@ class TAEHV(nn.Module):
         dec: list[nn.Module] = [SoftClamp(), conv3(cfg.latent_channels, d[0]), nn.ReLU()]
         for i, up in enumerate(cfg.dec_time_up):
             dec += [MemBlock(d[i]) for _ in range(cfg.blocks)]
-            dec += [nn.Upsample(scale_factor=2), TGrow(d[i], 2 if up else 1), conv3(d[i], d[i + 1], bias=False)]
+            dec += [nn.Upsample(scale_factor=2), TGrow(d[i], 2 if up else 1)]
+            dec.append(conv3(d[i], d[i + 1], bias=False))
         dec += [nn.ReLU(), conv3(d[3], cfg.image_channels)]
         self.decoder = nn.ModuleList(dec)
         self.memory_shapes: list[tuple[int, int]] = []  # per decoder MemBlock: (channels, scale vs latent)
@@ -275,7 +274,8 @@ class TAEHVDecoder:
         videos: list[torch.Tensor] = [p.new_empty(0)] * len(latents)
         new: list[DecoderCache] = list(caches)
         for group in _groups_by_frames(latents):
-            z = torch.stack([latents[b].to(p.device, p.dtype).transpose(0, 1) for b in group])  # (G, n, C, h, w)
+            z = torch.stack([latents[b].transpose(0, 1) for b in group])  # (G, n, C, h, w)
+            z = z.to(p.device, p.dtype)
             memory = None
             if any(caches[b].feats for b in group):
                 memory = [

@@ -109,8 +109,8 @@ class WanStreamingVAE:
             for b in live:
                 groups.setdefault(_structure(feats[b]), []).append(b)
             for group in groups.values():
-                z = torch.stack([latents[b][:, i : i + 1] for b in group]).to(self.mean.dtype)  # (G, C, 1, h, w)
-                x = self.vae.post_quant_conv(z * self.std + self.mean)
+                z = torch.stack([latents[b][:, i : i + 1] for b in group]).to(self.mean.dtype)
+                x = self.vae.post_quant_conv(z * self.std + self.mean)  # (G, C, 1, h, w)
                 batch = [_merge([feats[b][k] for b in group]) for k in range(self.n_convs)]
                 first = caches[group[0]].frames + i == 0  # same structure: all first or none
                 video = self.vae.decoder(x, feat_cache=batch, feat_idx=[0], first_chunk=first)
