@@ -115,6 +115,14 @@ class KVPool(nn.Module):
         self.text_len[dst] = self.text_len[src]
 
     @torch.no_grad()
+    def copy_rows_from(self, other: KVPool) -> None:
+        """Take over the session rows of a smaller pool of the same shape (growing a pool)."""
+        n = other.rows
+        for mine, theirs in zip(self._buffers_of_rows(), other._buffers_of_rows(), strict=True):
+            mine[:, :n].copy_(theirs[:, :n])
+        self.text_len[:n] = other.text_len[:n]
+
+    @torch.no_grad()
     def set_text(self, row: int, k: list[torch.Tensor], v: list[torch.Tensor]) -> None:
         """Store one session's per-layer text K/V (L_text, heads, head_dim) in `row`."""
         n = k[0].shape[0]

@@ -16,7 +16,10 @@ committing is the runtime's job. No loop over sessions, no I/O.
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import itertools
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
@@ -101,6 +104,7 @@ class WorldState:
     """One session's world on the device. Counters move only in the runtime's commit."""
 
     row: int  # the model's K/V pool row this session owns (self, action and text K/V)
+    lease: int  # which holder of that row this is (rows are reused after release)
     decoder: DecoderCache  # streaming decoder state after the last committed chunk
     seed: int  # RNG key: chunk c, step k draws noise from hash(seed, c, k)
     chunks: int = 0  # committed chunks
@@ -136,7 +140,8 @@ class World:
         self.device = torch.device(device)
         self.dtype = dtype
         self._start_image = start_image  # seed -> start frame, for worlds that invent their own
-        self._free_rows: list[int] = []  # pool rows no state owns (set up by `setup`)
+        self._owner: dict[int, int] = {}  # pool row -> lease of the state holding it
+        self._leases = itertools.count(1)
         self.buckets: tuple[int, ...] | None = None  # compiled batch sizes; None: eager, any size
         self._denoise_fn = self._eager_denoise
         self._context_fn = self._eager_context
@@ -192,11 +197,15 @@ class World:
     # -- the K/V pool ---------------------------------------------------------------------------
 
     def setup(self, max_sessions: int) -> None:
-        """Allocate the static K/V pool: `max_sessions` rows (the runtime's stream budget).
-        Drops every row: call before any state exists."""
+        """Make the static K/V pool hold at least `max_sessions` rows (the runtime's stream
+        budget). Growing copies every row, so live states keep their rows and contents."""
+        pool = self.transformer.pool
+        if pool is not None and pool.rows >= max_sessions:
+            return
         _, h, w = self.latent_shape
-        self.transformer.setup_caches(max_sessions, h, w, dtype=self.dtype, device=self.device)
-        self._free_rows = list(range(max_sessions))
+        new = self.transformer.setup_caches(max_sessions, h, w, dtype=self.dtype, device=self.device)
+        if pool is not None:
+            new.copy_rows_from(pool)
 
     @property
     def max_sessions(self) -> int:
@@ -205,21 +214,41 @@ class World:
         return 0 if pool is None else pool.rows
 
     @property
+    def free_rows(self) -> int:
+        """Pool rows no state holds."""
+        return self.max_sessions - len(self._owner)
+
+    @property
     def pad_row(self) -> int:
         """The pool row padding entries of a batch bucket use."""
         return self.transformer._pool().pad_row
 
-    def _take_row(self) -> int:
+    def _lease_row(self) -> tuple[int, int]:
+        """A free row and a fresh lease on it. A full pool first collects garbage once: a state
+        dropped without `release_state` (an abandoned engine) gives its row back when collected."""
         if self.transformer.pool is None:
             self.setup(DEFAULT_MAX_SESSIONS)
-        if not self._free_rows:
-            raise ModelError(f"all {self.max_sessions} K/V pool rows are taken")
-        return self._free_rows.pop(0)
+        for attempt in range(2):
+            free = [r for r in range(self.max_sessions) if r not in self._owner]
+            if free:
+                lease = next(self._leases)
+                self._owner[free[0]] = lease
+                return free[0], lease
+            if attempt == 0:
+                gc.collect()
+        raise ModelError(f"all {self.max_sessions} K/V pool rows are taken")
+
+    def _track(self, state: WorldState) -> WorldState:
+        weakref.finalize(state, self._free_row, state.row, state.lease)
+        return state
+
+    def _free_row(self, row: int, lease: int) -> None:
+        if self._owner.get(row) == lease:  # a stale lease never frees a row someone else now holds
+            del self._owner[row]
 
     def release_state(self, state: WorldState) -> None:
         """Give a state's pool row back (the state must not run again). Idempotent."""
-        if state.row not in self._free_rows:
-            self._free_rows.append(state.row)
+        self._free_row(state.row, state.lease)
 
     def bucket(self, n: int) -> int | None:
         """The compiled batch size that holds `n` entries (None when eager: no padding)."""
@@ -260,11 +289,10 @@ class World:
         elif text.shape[0] > tcfg.max_text_len:
             raise ConditioningError("prompt", f"text embedding has more than {tcfg.max_text_len} tokens")
         start_latents = self._start_latents(cond)
-        row = self._take_row()
+        row, lease = self._lease_row()
         self.transformer.set_text(row, text.to(self.device, self.dtype))
-        return WorldState(
-            row=row, decoder=self.decoder.init_cache(), seed=int(cond.seed), start_latents=start_latents
-        )
+        state = WorldState(row, lease, self.decoder.init_cache(), int(cond.seed), start_latents=start_latents)
+        return self._track(state)
 
     def _start_latents(self, cond: Conditioning) -> torch.Tensor | None:
         if self.config.image_start:
@@ -289,9 +317,9 @@ class World:
     def fork_state(self, state: WorldState) -> WorldState:
         """A copy of the committed world in a fresh pool row. Decoder-cache tensors are never
         written in place, so they are shared."""
-        row = self._take_row()
+        row, lease = self._lease_row()
         self.transformer._pool().copy_row(state.row, row)
-        return replace(state, row=row)
+        return self._track(replace(state, row=row, lease=lease))
 
     def noise(self, seed: int, chunk: int, step: int, n_frames: int) -> torch.Tensor:
         """Deterministic noise (C, n, h, w) for one session's chunk and step.

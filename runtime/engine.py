@@ -79,6 +79,10 @@ class Engine:
         self._live: set[int] = set()  # request ids handed out and not yet resolved or forgotten
         self._aborted: set[int] = set()  # subset of _live to cancel
         self._ids = itertools.count(1)
+        for world in worlds.values():
+            # One K/V pool row per stream the budget admits, plus one so a reset can build the
+            # new world before it lets go of the old one.
+            world.setup(max_streams + 1)
         self.runner = Runner(worlds, self.is_aborted, boundary_hook)
         self.scheduler = scheduler or FifoScheduler(self._shape_of, max_batch)
         self.budget = KVBudget(max_streams, max_kv_bytes)
@@ -142,11 +146,8 @@ class Engine:
             raise ValueError(f"stream {stream_id} exists")
         self._reserve(stream_id, world)
         try:
-            state = world.init_state(cond)
-            self.runner.streams[stream_id] = Stream(stream_id, model_id, state, debug or DebugHooks())
-            frame = self.runner.prefill(stream_id)
+            frame = self.runner.add(stream_id, model_id, cond, debug or DebugHooks())
         except Exception:
-            self.runner.streams.pop(stream_id, None)
             self._release(stream_id)
             raise
         return replace(self.info(stream_id), frame=frame)
@@ -157,29 +158,18 @@ class Engine:
         world = self._world(src.model_id)
         self._reserve(dst_id, world)
         try:
-            state = world.fork_state(src.state)
+            self.runner.fork(src_id, dst_id)
         except Exception:
             self._release(dst_id)
             raise
-        dst = Stream(dst_id, src.model_id, state, src.debug, action_log=src.action_log.copy())
-        dst.fault_fired = src.fault_fired
-        self.runner.streams[dst_id] = dst
         return self.info(dst_id)
 
     def reset_stream(self, stream_id: str, cond: Conditioning) -> StreamInfo:
         """A fresh world in the same stream; queued chunks are cancelled (outcomes in the next step).
         If the new world cannot be built, the old one stays and the error is raised."""
-        stream = self._stream(stream_id)
+        self._stream(stream_id)
         self._side_outcomes += self._drop({r.request_id for r in self.scheduler.pending(stream_id)})
-        old = stream.state
-        stream.state = self.worlds[stream.model_id].init_state(cond)
-        try:
-            frame = self.runner.prefill(stream_id)
-        except Exception:
-            stream.state = old
-            raise
-        stream.action_log.clear()
-        stream.fault_fired = False
+        frame = self.runner.reset(stream_id, cond)
         return replace(self.info(stream_id), frame=frame)
 
     def remove_stream(self, stream_id: str) -> None:
@@ -188,7 +178,7 @@ class Engine:
         self._stream(stream_id)
         numbers = self._queued_chunk_numbers(stream_id)
         dropped = self.scheduler.finish_stream(stream_id)
-        del self.runner.streams[stream_id]
+        self.runner.remove(stream_id)
         self._side_outcomes += [self._cancelled(r, numbers[r.request_id]) for r in dropped]
         self._release(stream_id)
 
@@ -201,7 +191,8 @@ class Engine:
         """The stream's committed position."""
         s = self._stream(stream_id)
         st = s.state
-        return StreamInfo(stream_id, s.model_id, st.chunks, st.frames, st.video_frames, st.kv.nbytes())
+        kv = self.worlds[s.model_id].kv_bytes_per_session()
+        return StreamInfo(stream_id, s.model_id, st.chunks, st.frames, st.video_frames, kv)
 
     def world_of(self, stream_id: str) -> World:
         """The world a stream runs on."""

@@ -1,15 +1,22 @@
-"""The runner owns the device: worlds, per-stream state, and the chunk loop of each transaction.
+"""The runner owns the device side of streams: their world state (one K/V pool row each) and the
+chunk transaction of every batch.
 
-`execute(plan)` runs one batch (sessions that share a model and a chunk shape) through:
+`execute(plan)` runs one batch (sessions that share a model and a chunk shape) as one `Batch`,
+one batched forward per stage for every session in it:
 
     denoise:0 .. denoise:K-1   K few-step denoising forwards (cancel checked before each)
-    context                    the clean pass writes the chunk's K/V into scratch slots
-    decode                     latents -> frames with a private decoder cache
-    commit                     last cancel check; the transaction is staged for the engine
+    context                    the clean pass writes each chunk's K/V into its scratch slots
+    decode                     latents -> frames, batched across sessions, private decoder caches
+    commit                     last cancel check; the transactions are staged for the engine
 
-A cancelled session leaves the batch at the boundary and is rolled back; the others go on.
-An exception inside the model rolls back every open transaction of the batch; the batch is then
+A cancelled session leaves the batch at a boundary and is rolled back; its entry turns into
+padding (it points at the pool's padding row), so the others go on with the same shapes. An
+exception inside the model rolls back every open transaction of the batch; the batch is then
 retried one session at a time so that only the session that really fails gets a `ChunkFailed`.
+
+Nothing in a chunk waits for the device: the index tensors go up once per step (pinned, non-
+blocking on CUDA), stage times are CUDA events read after the step's one device->host copy of
+the frames, and noise is drawn on the CPU.
 """
 
 from __future__ import annotations
@@ -24,11 +31,13 @@ import numpy as np
 import torch
 
 from models.actions import FrameAction, group_actions
+from models.kv_pool import ChunkIndex
 from models.sampler import add_noise
-from models.world import World
+from models.vae import decode_batch
+from models.world import Conditioning, World
 from runtime.kv_cache import KVLayout
 from runtime.plan import ScheduledChunk, StepPlan
-from runtime.requests import ChunkTimings
+from runtime.requests import ChunkTimings, DebugHooks
 from runtime.transaction import Staged, Stream, Transaction, TxnStatus
 
 log = logging.getLogger(__name__)
@@ -79,8 +88,219 @@ def is_fatal(exc: BaseException) -> bool:
     return any(marker in text for marker in ("CUDA error", "device-side assert", "illegal memory access"))
 
 
+class StageClock:
+    """Stage marks of one step: CUDA events on CUDA (read after the step's host copy, so reading
+    them never waits), `perf_counter` on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: dict[str, torch.cuda.Event | float] = {}
+        self.start = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        """Record the time at which the device reaches this point of the stream."""
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks[name] = ev
+        else:
+            self.marks[name] = time.perf_counter()
+
+    def ms(self, a: str, b: str) -> float:
+        """Milliseconds between two marks (0 when one was never reached)."""
+        if a not in self.marks or b not in self.marks:
+            return 0.0
+        x, y = self.marks[a], self.marks[b]
+        if self.cuda:
+            return float(x.elapsed_time(y))  # type: ignore[union-attr]
+        return (y - x) * 1000  # type: ignore[operator]
+
+
+def frames_to_host(frames: list[torch.Tensor]) -> list[np.ndarray]:
+    """Every session's uint8 frames in one device->host copy (pinned on CUDA)."""
+    if not frames:
+        return []
+    flat = torch.cat([f.reshape(-1) for f in frames])
+    if flat.device.type == "cuda":
+        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+    else:
+        host = flat
+    buf = host.numpy()
+    out, start = [], 0
+    for f in frames:
+        out.append(buf[start : start + f.numel()].reshape(f.shape).copy())
+        start += f.numel()
+    return out
+
+
+class Batch:
+    """One step's chunk transactions on one world: one method per stage, each a batched call.
+
+    Entries keep their batch position for the whole chunk; an entry that leaves (cancel) becomes
+    padding, so every stage runs at the same batch size (a compiled bucket stays one graph).
+    """
+
+    def __init__(
+        self, runner: Runner, world: World, layout: KVLayout, txns: list[Transaction], n_latent: int
+    ) -> None:
+        self.runner = runner
+        self.world = world
+        self.layout = layout
+        self.txns = txns
+        self.n = n_latent
+        self.size = world.bucket(len(txns)) or len(txns)
+        self.live = list(range(len(txns)))  # entries still running
+        self.clock = StageClock(world.device)
+        self.index = self._index()
+        self.actions = self._actions()
+        self.x0 = torch.empty(0)  # the clean estimate, set by denoise
+        self.finite = torch.empty(0)  # (size,) bool: x0 is finite, read with the frames
+        self.decoded: dict[int, tuple] = {}
+
+    # -- per-step tensors -----------------------------------------------------------------------
+
+    def _index(self) -> ChunkIndex:
+        live = set(self.live)
+        rows = [t.stream.state.row if i in live else None for i, t in enumerate(self.txns)]
+        starts = [t.latent_start for t in self.txns]
+        w = self.world
+        return self.layout.index(rows, starts, self.n, w.pad_row, self.size, w.device)
+
+    def _actions(self) -> torch.Tensor | None:
+        w = self.world
+        if w.transformer.cfg.action is None:
+            return None
+        groups = [
+            group_actions(w.action_space, w.layout, t.latent_start, self.n, t.actions) for t in self.txns
+        ]
+        acts = torch.stack([g.tensor for g in groups])
+        pad = self.size - acts.shape[0]
+        if pad:
+            acts = torch.cat([acts, acts.new_zeros(pad, *acts.shape[1:])])
+        return acts.to(w.device, non_blocking=True)
+
+    def _noise(self, step: int) -> torch.Tensor:
+        """(size, C, n, h, w): each live entry's (seed, chunk, step) noise, zeros elsewhere."""
+        live = set(self.live)
+        keys = [(t.stream.state.seed, t.chunk, step) if i in live else None for i, t in enumerate(self.txns)]
+        return self.world.noise_batch(keys + [None] * (self.size - len(keys)), self.n)
+
+    # -- boundaries -----------------------------------------------------------------------------
+
+    def boundary(self, name: str) -> bool:
+        """Hooks, then cancelled entries roll back and turn into padding. False: nobody is left."""
+        txns = [self.txns[i] for i in self.live]
+        if name.startswith("denoise:"):
+            delay = max(t.stream.debug.step_delay_ms for t in txns)
+            if delay > 0:
+                time.sleep(delay / 1000)
+        if self.runner.boundary_hook is not None:
+            for t in txns:
+                self.runner.boundary_hook(t.stream.stream_id, name)
+        keep = []
+        for i in self.live:
+            t = self.txns[i]
+            if self.runner.is_aborted(t.request.request_id):
+                t.rollback()
+                self.runner.out.cancelled.append(t)
+            else:
+                keep.append(i)
+        if len(keep) < len(self.live):
+            self.live = keep
+            if keep:
+                self.index = self._index()
+        return bool(keep)
+
+    # -- stages ---------------------------------------------------------------------------------
+
+    def denoise(self) -> bool:
+        """K denoising forwards; leaves the clean estimate in `x0`."""
+        w = self.world
+        sched = w.config.schedule
+        x = self._noise(0)
+        sigmas, steps = sched.sigmas, sched.timesteps
+        for k, (tk, sg) in enumerate(zip(steps, sigmas, strict=True)):
+            if not self.boundary(f"denoise:{k}"):
+                return False
+            armed = [
+                self.txns[i]
+                for i in self.live
+                if self.txns[i].stream.debug.fail_at_chunk == self.txns[i].chunk
+                and not self.txns[i].stream.fault_fired
+            ]
+            with _injected_fault(w, armed[0] if armed and k == 0 else None):
+                pred = w.denoise(x, tk, self.index, self.actions)
+            self.x0 = sched.to_x0(pred, x, sg)
+            if k + 1 < len(steps):
+                x = add_noise(self.x0, self._noise(k + 1), sigmas[k + 1])
+        # Read on the host with the frames (no sync here): a chunk whose latents are not finite
+        # (an overflowing input, a diverging model) is rolled back instead of poisoning the world.
+        self.finite = torch.isfinite(self.x0).flatten(1).all(1)
+        self.clock.mark("denoised")
+        return True
+
+    def context(self) -> bool:
+        """The clean pass: each chunk's K/V into its scratch slots."""
+        if not self.boundary("context"):
+            return False
+        w = self.world
+        noise = self._noise(len(w.config.schedule.steps)) if w.config.context_noise > 0 else None
+        w.context(self.x0, self.index, self.actions, noise=noise)
+        self.clock.mark("context")
+        return True
+
+    def decode(self) -> bool:
+        """Latents -> frames for every live entry in one batched decode; one host copy."""
+        if not self.boundary("decode"):
+            return False
+        states = [self.txns[i].stream.state for i in self.live]
+        latents = [self.x0[i] for i in self.live]
+        frames, caches = decode_batch(self.world.decoder, latents, [s.decoder for s in states])
+        self.clock.mark("decoded")
+        finite = self.finite.index_select(0, torch.tensor(self.live, device=self.finite.device))
+        *host, ok = frames_to_host([*frames, finite.to(torch.uint8)])
+        self.decoded = {i: (f, c) for i, f, c in zip(self.live, host, caches, strict=True)}
+        for i, good in zip(list(self.live), ok.tolist(), strict=True):
+            if not good:
+                t = self.txns[i]
+                t.rollback()
+                self.runner.out.failed.append((t, "the model produced non-finite latents"))
+                self.live.remove(i)
+        return bool(self.live)
+
+    def commit(self) -> None:
+        """Last cancel check; stage every surviving transaction with its frames and timings."""
+        if not self.boundary("commit"):
+            return
+        c = self.clock
+        end = time.perf_counter()
+        for i in self.live:
+            t = self.txns[i]
+            frames, cache = self.decoded[i]
+            queue_ms = (c.start - t.request.submitted_at) * 1000 if t.request.submitted_at else 0.0
+            timings = ChunkTimings(
+                queue=queue_ms,
+                denoise=c.ms("begin", "denoised"),
+                context=c.ms("denoised", "context"),
+                decode=c.ms("context", "decoded"),
+                total=(end - c.start) * 1000,
+            )
+            t.stage(Staged(n_latent=self.n, decoder=cache, frames=frames, timings=timings))
+            self.runner.out.staged.append(t)
+
+    def run(self) -> None:
+        """All stages in order; a stage that finds nobody left ends the batch."""
+        self.clock.mark("begin")
+        for stage in (self.denoise, self.context, self.decode):
+            if not stage():
+                return
+        self.commit()
+
+
 class Runner:
-    """Executes step plans against the worlds it owns."""
+    """Owns the streams' device state and executes step plans against the worlds."""
 
     def __init__(
         self,
@@ -96,17 +316,66 @@ class Runner:
             name: KVLayout(w.transformer.cfg.sink_frames, w.transformer.cfg.window_frames, w.tokens_per_frame)
             for name, w in worlds.items()
         }
+        self.out = RunnerOutput()
+
+    # -- stream ownership -----------------------------------------------------------------------
+
+    def add(self, stream_id: str, model_id: str, cond: Conditioning, debug: DebugHooks) -> np.ndarray | None:
+        """A new stream with a fresh, prefilled world (takes a pool row); returns its start frame
+        (see `prefill`). On error nothing is kept."""
+        if stream_id in self.streams:
+            raise ValueError(f"stream {stream_id} exists")
+        state = self.worlds[model_id].init_state(cond)
+        self.streams[stream_id] = Stream(stream_id, model_id, state, debug)
+        try:
+            return self.prefill(stream_id)
+        except Exception:
+            self.remove(stream_id)
+            raise
+
+    def fork(self, src_id: str, dst_id: str) -> Stream:
+        """A new stream holding a copy of `src_id`'s committed world (copies its pool row)."""
+        src = self.streams[src_id]
+        state = self.worlds[src.model_id].fork_state(src.state)
+        dst = Stream(dst_id, src.model_id, state, src.debug, action_log=src.action_log.copy())
+        dst.fault_fired = src.fault_fired
+        self.streams[dst_id] = dst
+        return dst
+
+    def reset(self, stream_id: str, cond: Conditioning) -> np.ndarray | None:
+        """A fresh, prefilled world in the same stream; returns its start frame (see `prefill`).
+        If the new world cannot be built the old one stays and the error is raised."""
+        stream = self.streams[stream_id]
+        world = self.worlds[stream.model_id]
+        old = stream.state
+        stream.state = world.init_state(cond)
+        try:
+            frame = self.prefill(stream_id)
+        except Exception:
+            world.release_state(stream.state)
+            stream.state = old
+            raise
+        world.release_state(old)
+        stream.action_log.clear()
+        stream.fault_fired = False
+        return frame
+
+    def remove(self, stream_id: str) -> None:
+        """Forget a stream and free its pool row (no-op when absent)."""
+        stream = self.streams.pop(stream_id, None)
+        if stream is not None:
+            self.worlds[stream.model_id].release_state(stream.state)
 
     # -- execution ------------------------------------------------------------------------------
 
     def execute(self, plan: StepPlan) -> RunnerOutput:
         """Run the plan's batch."""
-        out = RunnerOutput()
+        self.out = RunnerOutput()
         if plan.chunks:
-            self._run_batch(plan.model_id, plan.chunks, out, split_on_error=True)
-        return out
+            self._run_batch(plan.model_id, plan.chunks, split_on_error=True)
+        return self.out
 
-    def _begin(self, sc: ScheduledChunk, world: World, out: RunnerOutput) -> Transaction | None:
+    def _begin(self, sc: ScheduledChunk, world: World) -> Transaction | None:
         """Open the chunk's transaction and read its actions; a failing action source fails only
         this chunk (reported in `out`), never the engine."""
         stream = self.streams[sc.stream_id]
@@ -125,7 +394,7 @@ class Runner:
         except Exception as exc:
             log.exception("action source of %s failed", sc.stream_id)
             txn.rollback()
-            out.failed.append((txn, f"reading actions failed: {type(exc).__name__}: {exc}"))
+            self.out.failed.append((txn, f"reading actions failed: {type(exc).__name__}: {exc}"))
             return None
         return txn
 
@@ -149,9 +418,9 @@ class Runner:
             acts = group_actions(world.action_space, world.layout, 0, n, idle).tensor[None]
         noise = None
         if world.config.context_noise > 0:  # chunk 0: a key no generated chunk uses
-            noise = world.noise(st.seed, 0, len(world.config.schedule.steps), n)[None]
-        slots = [self.layouts[stream.model_id].slots(0, n, world.device)]
-        world.context(x0, [st], slots, acts, noise=noise)
+            noise = world.noise_batch([(st.seed, 0, len(world.config.schedule.steps))], n)
+        index = self.layouts[stream.model_id].index([st.row], [0], n, world.pad_row, device=world.device)
+        world.context(x0, index, acts, noise=noise)
         frames, cache = world.decode(x0[0], st)
         frames = frames.cpu().numpy()
         st.frames += n
@@ -160,146 +429,42 @@ class Runner:
         st.start_latents = None
         return frames[-1]
 
-    def _run_batch(
-        self, model_id: str, chunks: list[ScheduledChunk], out: RunnerOutput, split_on_error: bool
-    ) -> None:
+    def _run_batch(self, model_id: str, chunks: list[ScheduledChunk], split_on_error: bool) -> None:
         world = self.worlds[model_id]
-        opened = [(sc, self._begin(sc, world, out)) for sc in chunks]
+        opened = [(sc, self._begin(sc, world)) for sc in chunks]
         chunks = [sc for sc, t in opened if t is not None]
         txns = [t for _, t in opened if t is not None]
         if not txns:
             return
         try:
-            self._transact(world, self.layouts[model_id], chunks[0], txns, out)
+            Batch(self, world, self.layouts[model_id], txns, chunks[0].n_latent).run()
         except Exception as exc:
             if is_fatal(exc):
                 raise
-            still_open = [(sc, t) for sc, t in zip(chunks, txns, strict=True) if t.status is TxnStatus.OPEN]
-            for _, t in still_open:
-                t.rollback()
-            culprit = exc.stream_id if isinstance(exc, InjectedFault) else None
-            if culprit is None and (len(still_open) == 1 or not split_on_error):
-                log.exception("chunk failed for %s", [t.stream.stream_id for _, t in still_open])
-                out.failed.extend((t, f"{type(exc).__name__}: {exc}") for _, t in still_open)
-                return
-            retry = []
-            for sc, t in still_open:
-                if t.stream.stream_id == culprit:
-                    out.failed.append((t, str(exc)))
-                else:
-                    retry.append(sc)
-            # Re-run the innocent one by one, so a real (non-injected) failure lands on its owner.
-            for sc in retry:
-                self._run_batch(model_id, [sc], out, split_on_error=False)
+            self._recover(model_id, chunks, txns, exc, split_on_error)
 
-    def _boundary(self, name: str, txns: list[Transaction], out: RunnerOutput) -> list[int]:
-        """Run hooks, drop aborted transactions; returns the indices (into txns) still active."""
-        if name.startswith("denoise:"):
-            delay = max(t.stream.debug.step_delay_ms for t in txns)
-            if delay > 0:
-                time.sleep(delay / 1000)
-        if self.boundary_hook is not None:
-            for t in txns:
-                self.boundary_hook(t.stream.stream_id, name)
-        keep = []
-        for i, t in enumerate(txns):
-            if self.is_aborted(t.request.request_id):
-                t.rollback()
-                out.cancelled.append(t)
-            else:
-                keep.append(i)
-        return keep
-
-    def _transact(
+    def _recover(
         self,
-        world: World,
-        layout: KVLayout,
-        first: ScheduledChunk,
+        model_id: str,
+        chunks: list[ScheduledChunk],
         txns: list[Transaction],
-        out: RunnerOutput,
+        exc: Exception,
+        split_on_error: bool,
     ) -> None:
-        sync = torch.cuda.synchronize if world.device.type == "cuda" else (lambda: None)
-        t0 = time.perf_counter()
-        n = first.n_latent
-        slots = [layout.slots(t.latent_start, n, world.device) for t in txns]
-        acts = None
-        if world.transformer.cfg.action is not None:
-            groups = [
-                group_actions(world.action_space, world.layout, t.latent_start, n, t.actions) for t in txns
-            ]
-            acts = torch.stack([g.tensor for g in groups])
-        sched = world.config.schedule
-
-        def narrow(keep: list[int], *tensors: torch.Tensor | None):
-            nonlocal txns, slots
-            txns = [txns[i] for i in keep]
-            slots = [slots[i] for i in keep]
-            idx = torch.tensor(keep, device=world.device)
-            return [None if x is None else x.index_select(0, idx) for x in tensors]
-
-        x = torch.stack([world.noise(t.stream.state.seed, t.chunk, 0, n) for t in txns])
-        sigmas, steps = sched.sigmas, sched.timesteps
-        for k, (tk, sg) in enumerate(zip(steps, sigmas, strict=True)):
-            keep = self._boundary(f"denoise:{k}", txns, out)
-            if len(keep) < len(txns):
-                x, acts = narrow(keep, x, acts)
-            if not txns:
-                return
-            armed = [t for t in txns if t.stream.debug.fail_at_chunk == t.chunk and not t.stream.fault_fired]
-            with _injected_fault(world, armed[0] if armed and k == 0 else None):
-                pred = world.denoise(x, tk, [t.stream.state for t in txns], slots, acts)
-            x0 = sched.to_x0(pred, x, sg)
-            if k + 1 < len(steps):
-                nz = torch.stack([world.noise(t.stream.state.seed, t.chunk, k + 1, n) for t in txns])
-                x = add_noise(x0, nz, sigmas[k + 1])
-        # read on the host with the frames (no sync here): a chunk whose latents are not finite
-        # (an overflowing input, a diverging model) is rolled back instead of poisoning the world
-        finite = torch.isfinite(x0).flatten(1).all(1)
-        sync()
-        t1 = time.perf_counter()
-
-        keep = self._boundary("context", txns, out)
-        if len(keep) < len(txns):
-            x0, acts = narrow(keep, x0, acts)
-        if not txns:
+        still_open = [(sc, t) for sc, t in zip(chunks, txns, strict=True) if t.status is TxnStatus.OPEN]
+        for _, t in still_open:
+            t.rollback()
+        culprit = exc.stream_id if isinstance(exc, InjectedFault) else None
+        if culprit is None and (len(still_open) == 1 or not split_on_error):
+            log.exception("chunk failed for %s", [t.stream.stream_id for _, t in still_open])
+            self.out.failed.extend((t, f"{type(exc).__name__}: {exc}") for _, t in still_open)
             return
-        ctx_noise = None
-        if world.config.context_noise > 0:
-            ctx_noise = torch.stack(
-                [world.noise(t.stream.state.seed, t.chunk, len(sched.steps), n) for t in txns]
-            )
-        world.context(x0, [t.stream.state for t in txns], slots, acts, noise=ctx_noise)
-        sync()
-        t2 = time.perf_counter()
-
-        keep = self._boundary("decode", txns, out)
-        if len(keep) < len(txns):
-            x0, finite = narrow(keep, x0, finite)
-        ok = finite.tolist()
-        for t, good in zip(txns, ok, strict=True):
-            if not good:
-                t.rollback()
-                out.failed.append((t, "the model produced non-finite latents"))
-        if not all(ok):
-            (x0,) = narrow([i for i, good in enumerate(ok) if good], x0)
-        decoded = []
-        for i, t in enumerate(txns):
-            frames, cache = world.decode(x0[i], t.stream.state)
-            decoded.append((frames.cpu().numpy(), cache))
-        t3 = time.perf_counter()
-
-        keep = set(self._boundary("commit", txns, out))
-        for i, t in enumerate(txns):
-            if i not in keep:
-                continue
-            frames, cache = decoded[i]
-            queue_ms = (t0 - t.request.submitted_at) * 1000 if t.request.submitted_at else 0.0
-            timings = ChunkTimings(
-                queue=queue_ms,
-                denoise=(t1 - t0) * 1000,
-                context=(t2 - t1) * 1000,
-                decode=(t3 - t2) * 1000,
-                total=(time.perf_counter() - t0) * 1000,
-            )
-            t.stage(Staged(n_latent=n, decoder=cache, frames=frames, timings=timings))
-            out.staged.append(t)
+        retry = []
+        for sc, t in still_open:
+            if t.stream.stream_id == culprit:
+                self.out.failed.append((t, str(exc)))
+            else:
+                retry.append(sc)
+        # Re-run the innocent one by one, so a real (non-injected) failure lands on its owner.
+        for sc in retry:
+            self._run_batch(model_id, [sc], split_on_error=False)

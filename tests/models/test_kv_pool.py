@@ -77,6 +77,13 @@ def test_fork_copies_a_row_and_release_frees_it():
     world.release_state(a)
     c = world.init_state(Conditioning(seed=2))
     assert c.row == a.row
+    world.release_state(a)  # a stale holder never frees the row its successor holds
+    assert world.free_rows == 0
+    del b  # dropped without release (an abandoned engine): the row comes back when collected
+    d = world.init_state(Conditioning(seed=3))
+    world.setup(4)  # growing keeps live rows
+    assert torch.equal(pool.k[:, 0], world.transformer.pool.k[:, 0]) and world.free_rows == 2
+    assert {c.row, d.row} == {0, 1}
 
 
 class HostSyncError(AssertionError):

@@ -69,7 +69,7 @@ def snapshot(engine: Engine, stream_id: str) -> dict:
     world = engine.worlds[stream.model_id]
     layout = engine.runner.layouts[stream.model_id]
     n_next = st.start_latents.shape[1] if st.start_latents is not None else world.chunk_frames
-    view = layout.committed_view(st.kv, st.frames, n_next)
+    view = layout.committed_view(world.transformer.pool, st.row, st.frames, n_next)
     return {
         "counters": (st.chunks, st.frames, st.video_frames, st.seed),
         "kv": {k: v.clone() for k, v in view.items()},
