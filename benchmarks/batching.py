@@ -150,7 +150,7 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=6, help="measured chunks per session per run")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--paths", nargs="+", default=["bare", "engine", "ws"], choices=["bare", "engine", "ws"])
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=RESULTS / "batching.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -179,7 +179,11 @@ def main() -> None:
         med = {n: statistics.median(v) for n, v in by_n.items()}
         base = med[args.sessions[0]]
         table[path] = {
-            str(n): {"fps_total": round(f, 1), "vs_1": round(f / base, 2), "runs": [round(x, 1) for x in by_n[n]]}
+            str(n): {
+                "fps_total": round(f, 1),
+                "vs_1": round(f / base, 2),
+                "runs": [round(x, 1) for x in by_n[n]],
+            }
             for n, f in med.items()
         }
     result = {

@@ -46,7 +46,7 @@ def bare_loop(world: World, chunks: int, seed: int) -> list[float]:
     for c in range(chunks):
         t0 = time.perf_counter()
         n = world.chunk_frames
-        slots = [layout.slots(state.frames, n, world.device)]
+        index = layout.index([state.row], [state.frames], n, world.pad_row, device=world.device)
         video = world.layout.video_frames(state.frames, n)
         acts = None
         if cfg.action is not None:
@@ -55,10 +55,10 @@ def bare_loop(world: World, chunks: int, seed: int) -> list[float]:
             ).tensor[None]
         x = world.noise(seed, c + 1, 0, n)[None]
         for k, (t, sg) in enumerate(zip(sched.timesteps, sched.sigmas, strict=True)):
-            x0 = sched.to_x0(world.denoise(x, t, [state], slots, acts), x, sg)
+            x0 = sched.to_x0(world.denoise(x, t, index, acts), x, sg)
             if k + 1 < len(sched.steps):
                 x = add_noise(x0, world.noise(seed, c + 1, k + 1, n)[None], sched.sigmas[k + 1])
-        world.context(x0, [state], slots, acts)
+        world.context(x0, index, acts)
         frames, state.decoder = world.decode(x0[0], state)
         frames.cpu().numpy()
         state.frames += n
@@ -108,7 +108,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         await manager.shutdown()
         await asyncio.get_running_loop().run_in_executor(None, et.stop)
 
-    measured = world.init_state(Conditioning()).kv.nbytes()
+    measured = world.transformer.pool.row_nbytes()
     b, s = statistics.median(bare), statistics.median(serve)
     return {
         "model": args.model,

@@ -87,8 +87,10 @@ def rollouts(
         sid = f"eval-{i}"
         parts = out[sid]
         frames.append(np.concatenate([parts[k] for k in sorted(parts)]))
-        kv = engine.runner.streams[sid].state.kv
-        nan.append(bool(torch.isnan(kv.k).any() or torch.isnan(kv.v).any()))
+        row = engine.worlds[engine.runner.streams[sid].model_id].transformer.pool.row_view(
+            engine.runner.streams[sid].state.row
+        )
+        nan.append(bool(torch.isnan(row["k"]).any() or torch.isnan(row["v"]).any()))
         engine.remove_stream(sid)
     return frames, nan
 

@@ -1,0 +1,74 @@
+"""The runner's batch: one engine step costs about the same number of device ops for 8 sessions
+as for 1, and a batched step gives each session the frames it gets alone."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from models.world import Conditioning
+from runtime.engine import Engine
+from runtime.requests import ChunkCommitted, ChunkRequest
+from tests.runtime.conftest import keys
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every aten op dispatched (what each costs a kernel launch on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_ops(world, sessions: int) -> int:
+    """Aten ops of the one engine step that runs a chunk for `sessions` streams at once."""
+    e = Engine({"tiny": world}, max_batch=8)
+    for i in range(sessions):
+        e.add_stream(f"s{i}", "tiny", Conditioning(seed=i))
+        for _ in range(i % 3):  # different window fill levels
+            e.submit(ChunkRequest(f"s{i}", e.new_request_id(), actions=keys("w")))
+            while e.has_work():
+                e.step()
+    for i in range(sessions):
+        e.submit(ChunkRequest(f"s{i}", e.new_request_id(), actions=keys("d")))
+    counter = OpCounter()
+    with counter:
+        outs = e.step()
+    assert len(outs) == sessions and all(isinstance(o, ChunkCommitted) for o in outs)
+    return sum(counter.ops.values())
+
+
+def test_one_step_for_eight_sessions_costs_at_most_a_quarter_more_ops_than_for_one(world):
+    one, eight = step_ops(world, 1), step_ops(world, 8)
+    assert eight <= 1.25 * one, (one, eight)
+
+
+def test_batched_step_gives_each_session_its_frames_alone(world):
+    together = Engine({"tiny": world}, max_batch=8)
+    got: dict[str, list[np.ndarray]] = {}
+    plans = {f"s{i}": ["w", "a", "d", "s", "w"][: 2 + i % 4] for i in range(5)}
+    for sid in plans:
+        together.add_stream(sid, "tiny", Conditioning(seed=int(sid[1:])))
+    for k in range(max(len(p) for p in plans.values())):
+        for sid, p in plans.items():
+            if k < len(p):
+                together.submit(ChunkRequest(sid, together.new_request_id(), actions=keys(p[k])))
+        while together.has_work():
+            for o in together.step():
+                got.setdefault(o.stream_id, []).append(o.frames)
+    for sid, p in plans.items():
+        alone = Engine({"tiny": world}, max_batch=1)
+        alone.add_stream(sid, "tiny", Conditioning(seed=int(sid[1:])))
+        for k, key in enumerate(p):
+            alone.submit(ChunkRequest(sid, alone.new_request_id(), actions=keys(key)))
+            (o,) = [x for x in alone.step() if isinstance(x, ChunkCommitted)]
+            assert np.abs(o.frames.astype(int) - got[sid][k]).max() <= 1, (sid, k)  # fp32 sum order
+        alone.remove_stream(sid)
+    assert torch.is_grad_enabled()  # the runner's no_grad does not leak
