@@ -117,6 +117,13 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
     parser.add_argument(
         "--decoder", default=None, help="taehv:PATH: decode with TAEHV (taew2_1) weights from a local file"
     )
+    parser.add_argument(
+        "--compile",
+        default="off",
+        choices=["off", "inductor", "graphs"],
+        help="torch.compile the chunk forwards, one graph per batch bucket; graphs: plus CUDA graphs "
+        "(default: %(default)s)",
+    )
 
 
 def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World] | None:
@@ -124,6 +131,11 @@ def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World] | 
         worlds = load_worlds(names, args.device, args.dtype)
         if args.decoder:
             worlds = {k: registry.with_decoder(w, args.decoder) for k, w in worlds.items()}
+        if args.compile != "off":
+            top = getattr(args, "max_batch", 1)
+            buckets = tuple(2**i for i in range(max(top - 1, 0).bit_length() + 1))  # 1, 2, 4 .. >= top
+            for w in worlds.values():
+                w.compile(buckets, mode="reduce-overhead" if args.compile == "graphs" else None)
         return worlds
     except (KeyError, OSError, ValueError) as exc:
         print(f"worldserve: cannot load {', '.join(names)}: {exc}", file=sys.stderr)

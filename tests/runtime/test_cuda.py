@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def state_tensors(engine: Engine, sid: str) -> list[torch.Tensor]:
     st = engine.runner.streams[sid].state
     feats = [f for f in st.decoder.feats if isinstance(f, torch.Tensor)]
-    return [st.kv.k, st.kv.v, st.kv.ak, st.kv.av, *st.text.k, *st.text.v, *feats]
+    pool = engine.world_of(sid).transformer.pool
+    return [*pool.row_view(st.row).values(), pool.text_len, *feats]
 
 
 def run(engine: Engine, sid: str, actions) -> ChunkCommitted:
@@ -41,7 +42,8 @@ def test_world_state_is_resident_and_matches_cpu():
         e.add_stream("s", "tiny-random", Conditioning(seed=1))
     for a in (keys("w"), keys("d"), keys()):
         fc, fg = run(ec, "s", a).frames, run(eg, "s", a).frames
-        assert np.abs(fc.astype(int) - fg).max() <= 3  # different kernels, same math
+        # Noise is drawn on the CPU, so both devices roll out the same world; kernels differ.
+        assert np.abs(fc.astype(int) - fg).max() <= 3
         assert all(t.device.type == "cuda" for t in state_tensors(eg, "s"))
 
 

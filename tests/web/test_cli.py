@@ -127,3 +127,16 @@ def test_serve_prints_the_url_and_stops_on_sigint() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_compile_flag_sets_batch_buckets_up_to_max_batch():
+    from web.cli import _load, _parser
+
+    args = _parser().parse_args(
+        ["serve", "--model", "tiny-random", "--max-batch", "3", "--compile", "inductor"]
+    )
+    (world,) = _load(args.model, args).values()
+    assert world.buckets == (1, 2, 4) and world.bucket(3) == 4  # compiled lazily, at the first chunk
+    args = _parser().parse_args(["serve", "--model", "tiny-random"])
+    (world,) = _load(args.model, args).values()
+    assert world.buckets is None and world.bucket(3) is None  # eager: any batch size, no padding
