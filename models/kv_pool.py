@@ -17,6 +17,7 @@ Row layout along the token axis (frames of `tokens_per_frame` tokens each)::
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +74,9 @@ class KVPool(nn.Module):
             raise ValueError("a pool needs at least one session row")
         self.rows = rows
         self.capacity = capacity
+        # Row ownership lives with the pool, so worlds sharing a transformer share it too.
+        self.owner: dict[int, int] = {}  # row -> lease of the state holding it
+        self.leases = itertools.count(1)
         r = rows + 1  # the last row takes padding entries' writes
         z = dict(dtype=dtype, device=device)
         self.register_buffer("k", torch.zeros(layers, r, capacity, heads, head_dim, **z), persistent=False)
@@ -118,6 +122,7 @@ class KVPool(nn.Module):
     def copy_rows_from(self, other: KVPool) -> None:
         """Take over the session rows of a smaller pool of the same shape (growing a pool)."""
         n = other.rows
+        self.owner, self.leases = dict(other.owner), other.leases
         for mine, theirs in zip(self._buffers_of_rows(), other._buffers_of_rows(), strict=True):
             mine[:, :n].copy_(theirs[:, :n])
         self.text_len[:n] = other.text_len[:n]

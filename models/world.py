@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import itertools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -140,8 +139,6 @@ class World:
         self.device = torch.device(device)
         self.dtype = dtype
         self._start_image = start_image  # seed -> start frame, for worlds that invent their own
-        self._owner: dict[int, int] = {}  # pool row -> lease of the state holding it
-        self._leases = itertools.count(1)
         self.buckets: tuple[int, ...] | None = None  # compiled batch sizes; None: eager, any size
         self._denoise_fn = self._eager_denoise
         self._context_fn = self._eager_context
@@ -216,7 +213,8 @@ class World:
     @property
     def free_rows(self) -> int:
         """Pool rows no state holds."""
-        return self.max_sessions - len(self._owner)
+        pool = self.transformer.pool
+        return 0 if pool is None else pool.rows - len(pool.owner)
 
     @property
     def pad_row(self) -> int:
@@ -229,10 +227,11 @@ class World:
         if self.transformer.pool is None:
             self.setup(DEFAULT_MAX_SESSIONS)
         for attempt in range(2):
-            free = [r for r in range(self.max_sessions) if r not in self._owner]
+            pool = self.transformer._pool()
+            free = [r for r in range(pool.rows) if r not in pool.owner]
             if free:
-                lease = next(self._leases)
-                self._owner[free[0]] = lease
+                lease = next(pool.leases)
+                pool.owner[free[0]] = lease
                 return free[0], lease
             if attempt == 0:
                 gc.collect()
@@ -243,8 +242,9 @@ class World:
         return state
 
     def _free_row(self, row: int, lease: int) -> None:
-        if self._owner.get(row) == lease:  # a stale lease never frees a row someone else now holds
-            del self._owner[row]
+        owner = self.transformer._pool().owner
+        if owner.get(row) == lease:  # a stale lease never frees a row someone else now holds
+            del owner[row]
 
     def release_state(self, state: WorldState) -> None:
         """Give a state's pool row back (the state must not run again). Idempotent."""
