@@ -1,33 +1,48 @@
-"""Full-size shapes through the Engine: Wan2.1-1.3B at Matrix-Game 2.0 and Self-Forcing shapes.
+"""Full-size shapes on one GPU: Wan2.1-1.3B causal family at Matrix-Game 2.0 and Self-Forcing shapes.
 
-Random weights (FLOPs do not depend on them), bf16, eager. For each shape and session count it
-runs chunks through a bare `Engine` (batched sessions) and reports per-stage ms per chunk,
-frames/s per session and in total, KV bytes per session and peak device memory, next to the
-published figures in shared/ANCHORS.md. Writes JSON to --out (default benchmarks/results/).
+One prepared command for a lent H200 (random weights: FLOPs do not depend on them; bf16):
 
-    python benchmarks/gpu_shapes.py --device cuda --shape mg --sessions 1 4 8
-    python benchmarks/gpu_shapes.py --device cpu --tiny        # the same code path, scaled down
+    python benchmarks/gpu_shapes.py --out $OUT/gpu_shapes.json            # ~8 min, JSON after every run
+    python benchmarks/gpu_shapes.py --device cpu --tiny --out /tmp/g.json  # the same code path, scaled down
 
-Needs a GPU for real figures; `--tiny` only checks that the script runs.
+Runs, in priority order until `--budget-s` is spent (each row is written as soon as it is done):
+
+* `engine`: N sessions through a bare `Engine` (one batched forward per step): per-stage ms per
+  chunk from the runner's CUDA events, frames/s in total and per session, decode included;
+  for N = 1, 2, 4, 8, eager vs compiled (`torch.compile`, fullgraph, one graph per batch
+  bucket) vs CUDA graphs (`mode="reduce-overhead"`), Wan VAE vs the TAEHV decoder;
+* `overlap`: the bare batched loop with each chunk's decode on a second CUDA stream while the
+  next chunk denoises, against the same loop serial (what item 6's pipelining would buy);
+* `forward`: the bare chunk forward per batch size (ms), eager and compiled.
+
+Targets (one H200): MG shape >= 50 FPS one session with the Wan VAE; 8 sessions >= 100 FPS in
+total with the fast decoder; SF shape >= 34 FPS. Published (H100): MG 25 FPS, SF 17 FPS.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from models.causal_wan import ActionConfig, CausalWanConfig
 from models.registry import build_world
-from models.sampler import FlowSchedule
+from models.sampler import FlowSchedule, add_noise
+from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
+from models.vae import decode_batch
 from models.world import Conditioning, World, WorldConfig
 from runtime.engine import Engine
+from runtime.kv_cache import KVLayout
 from runtime.requests import ChunkCommitted, ChunkRequest
 
 PUBLISHED_FPS = {"mg": 25.0, "sf": 17.0}  # one H100 (shared/ANCHORS.md)
+MODES = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}
 
 
 def shape_configs(shape: str, tiny: bool) -> tuple[WorldConfig, CausalWanConfig, dict]:
@@ -41,7 +56,6 @@ def shape_configs(shape: str, tiny: bool) -> tuple[WorldConfig, CausalWanConfig,
             blocks=15,
             key_dim=1024,
             motion_dim=1024,
-            heads=16,
         )
     else:
         width, height, steps, window = 832, 480, (1000, 750, 500, 250), 21
@@ -49,7 +63,7 @@ def shape_configs(shape: str, tiny: bool) -> tuple[WorldConfig, CausalWanConfig,
     dit = CausalWanConfig(
         chunk_frames=3, window_frames=window, text_dim=4096, null_text_len=512, action=action
     )
-    vae = {}  # AutoencoderKLWan defaults: Wan2.1's VAE
+    vae: dict = {}  # AutoencoderKLWan defaults: Wan2.1's VAE
     if tiny:
         width, height = 64, 64
         dit = CausalWanConfig(
@@ -62,6 +76,7 @@ def shape_configs(shape: str, tiny: bool) -> tuple[WorldConfig, CausalWanConfig,
             chunk_frames=3,
             window_frames=window,
             null_text_len=8,
+            max_text_len=8,
             action=None
             if action is None
             else ActionConfig(
@@ -73,78 +88,252 @@ def shape_configs(shape: str, tiny: bool) -> tuple[WorldConfig, CausalWanConfig,
     return world, dit, vae
 
 
-def run_shape(world: World, sessions: int, chunks: int) -> dict:
-    engine = Engine({world.config.id: world}, max_batch=sessions, max_streams=sessions)
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def with_taehv(world: World, tiny: bool) -> World:
+    """The same world (shared transformer and pool) decoding with a random-weight TAEHV."""
+    cfg = TAEHVConfig(dec_widths=(16, 16, 16, 16), enc_width=16) if tiny else TAEHVConfig()
+    dec = TAEHVDecoder(TAEHV(cfg).to(world.device, world.dtype))
+    return World(world.config, world.transformer, dec, device=world.device, dtype=world.dtype)
+
+
+def compile_world(world: World, mode: str, buckets: tuple[int, ...]) -> None:
+    """Put `world` in eager / compiled / graphs mode (dynamo is reset between modes)."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    if MODES[mode] is None:
+        world.buckets = None
+        world._denoise_fn, world._context_fn = world._eager_denoise, world._eager_context
+    else:
+        world.compile(buckets, mode=None if MODES[mode] == "default" else MODES[mode])
+
+
+def engine_run(world: World, sessions: int, chunks: int) -> dict:
+    """N lockstep sessions through a bare Engine: stage ms (runner's CUDA events), frames/s."""
+    engine = Engine({world.config.id: world}, max_batch=sessions, max_streams=max(8, sessions))
     for i in range(sessions):
         engine.add_stream(f"s{i}", world.config.id, Conditioning(seed=i))
     per_chunk: list[dict] = []
-    frames = 0
-    t_start = None
-    for c in range(chunks + 1):  # chunk 0 is warm-up (and the shorter first chunk)
-        if c == 1:
-            if world.device.type == "cuda":
-                torch.cuda.synchronize()
-            t_start = time.perf_counter()
+    frames, t_start = 0, 0.0
+    for c in range(chunks + 2):  # two warm-up chunks (compile / graph capture, first-chunk shape)
+        if c == 2:
+            sync(world.device)
+            t_start, frames = time.perf_counter(), 0
         for i in range(sessions):
             engine.submit(ChunkRequest(f"s{i}", engine.new_request_id()))
         while engine.has_work():
             for o in engine.step():
                 assert isinstance(o, ChunkCommitted), o
-                if c >= 1:
+                if c >= 2:
                     per_chunk.append(o.timings.as_dict())
                     frames += o.frames.shape[0]
+    sync(world.device)
     elapsed = time.perf_counter() - t_start
+    for i in range(sessions):
+        engine.remove_stream(f"s{i}")
     stages = {k: round(sum(t[k] for t in per_chunk) / len(per_chunk), 2) for k in per_chunk[0]}
     return {
-        "sessions": sessions,
-        "chunks_per_session": chunks,
         "stage_ms_mean": stages,
         "fps_total": round(frames / elapsed, 2),
         "fps_per_session": round(frames / elapsed / sessions, 2),
     }
 
 
+def bare_loop(world: World, sessions: int, chunks: int, overlap: bool) -> float:
+    """Frames/s of the batched model loop; with `overlap`, decode runs on a second CUDA stream
+    while the next chunk denoises (the frames of chunk k are only read after chunk k+1 began)."""
+    cfg = world.transformer.cfg
+    layout = KVLayout(cfg.sink_frames, cfg.window_frames, world.tokens_per_frame)
+    world.setup(max(8, sessions))
+    states = [world.init_state(Conditioning(seed=i)) for i in range(sessions)]
+    sched, n = world.config.schedule, world.chunk_frames
+    a = cfg.action
+    acts = None
+    if a is not None:
+        width = len(a.keys) + 2 * int(a.mouse) + a.vector_dim
+        acts = torch.zeros(sessions, n, world.layout.frames_per_latent, width, device=world.device)
+    side = torch.cuda.Stream() if overlap else None
+    caches = [s.decoder for s in states]
+    done = [0] * sessions
+    frames, t0, pending = 0, 0.0, None
+    for c in range(chunks + 2):
+        if c == 2:
+            sync(world.device)
+            t0, frames = time.perf_counter(), 0
+        index = layout.index([s.row for s in states], done, n, world.pad_row, device=world.device)
+        x = world.noise_batch([(s.seed, c + 1, 0) for s in states], n)
+        for k, (t, sg) in enumerate(zip(sched.timesteps, sched.sigmas, strict=True)):
+            x0 = sched.to_x0(world.denoise(x, t, index, acts), x, sg)
+            if k + 1 < len(sched.steps):
+                x = add_noise(
+                    x0, world.noise_batch([(s.seed, c + 1, k + 1) for s in states], n), sched.sigmas[k + 1]
+                )
+        world.context(x0, index, acts)
+        if pending is not None:  # the previous chunk's frames: wait for them only now
+            out = pending()
+            frames += sum(f.shape[0] for f in out)
+        if side is not None:
+            ready = torch.cuda.Event()
+            ready.record()
+            side.wait_event(ready)
+            with torch.cuda.stream(side):
+                out, caches = decode_batch(world.decoder, x0, caches)
+                host = [f.to("cpu", non_blocking=True) for f in out]
+                done_ev = torch.cuda.Event()
+                done_ev.record(side)
+            x0.record_stream(side)
+
+            def pending(ev=done_ev, host=host):
+                ev.synchronize()
+                return host
+        else:
+            out, caches = decode_batch(world.decoder, x0, caches)
+            frames += sum(f.cpu().shape[0] for f in out)
+        done = [d + n for d in done]
+    if pending is not None:
+        frames += sum(f.shape[0] for f in pending())
+    sync(world.device)
+    elapsed = time.perf_counter() - t0
+    for s in states:
+        world.release_state(s)
+    return frames / elapsed
+
+
+def forward_ms(world: World, sessions: int, reps: int) -> float:
+    """Milliseconds of one batched denoise forward for `sessions` entries."""
+    cfg = world.transformer.cfg
+    layout = KVLayout(cfg.sink_frames, cfg.window_frames, world.tokens_per_frame)
+    world.setup(max(8, sessions))
+    states = [world.init_state(Conditioning(seed=i)) for i in range(sessions)]
+    n = world.chunk_frames
+    b = world.bucket(sessions) or sessions
+    rows = [s.row for s in states]
+    index = layout.index(rows, [cfg.window_frames] * sessions, n, world.pad_row, b, world.device)
+    a = cfg.action
+    acts = None
+    if a is not None:
+        width = len(a.keys) + 2 * int(a.mouse) + a.vector_dim
+        acts = torch.zeros(b, n, world.layout.frames_per_latent, width, device=world.device)
+    x = world.noise_batch([(i, 1, 0) for i in range(sessions)] + [None] * (b - sessions), n)
+    for _ in range(3):
+        world.denoise(x, 500.0, index, acts)
+    sync(world.device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        world.denoise(x, 500.0, index, acts)
+    sync(world.device)
+    for s in states:
+        world.release_state(s)
+    return (time.perf_counter() - t0) * 1000 / reps
+
+
+def plan(tiny: bool) -> list[tuple]:
+    """(kind, shape, mode, decoder, sessions) in priority order: what answers the targets first."""
+    runs: list[tuple] = [
+        ("engine", "mg", "eager", "wan", 1),
+        ("engine", "mg", "eager", "taehv", 1),
+        ("engine", "mg", "eager", "taehv", 8),
+        ("forward", "mg", "eager", None, 1),
+        ("forward", "mg", "eager", None, 8),
+        ("engine", "mg", "graphs", "wan", 1),
+        ("engine", "mg", "graphs", "taehv", 1),
+        ("engine", "mg", "graphs", "taehv", 8),
+        ("forward", "mg", "graphs", None, 1),
+        ("forward", "mg", "graphs", None, 8),
+        ("overlap", "mg", "graphs", "wan", 1),
+        ("overlap", "mg", "graphs", "taehv", 8),
+        ("engine", "sf", "eager", "wan", 1),
+        ("engine", "sf", "graphs", "wan", 1),
+        ("engine", "sf", "graphs", "taehv", 1),
+        ("engine", "mg", "eager", "taehv", 2),
+        ("engine", "mg", "eager", "taehv", 4),
+        ("engine", "mg", "compiled", "taehv", 1),
+        ("engine", "mg", "compiled", "taehv", 8),
+        ("engine", "mg", "graphs", "taehv", 2),
+        ("engine", "mg", "graphs", "taehv", 4),
+    ]
+    if tiny:  # on a CPU: no CUDA graphs, no second stream; inductor compiles slowly
+        runs = [r for r in runs if r[0] != "overlap" and r[2] != "graphs"]
+        runs = [r for r in runs if not (r[2] == "compiled" and r[4] == 8)]
+    return runs
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--shape", choices=["mg", "sf"], nargs="+", default=["mg", "sf"])
-    p.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--chunks", type=int, default=6)
+    p.add_argument("--chunks", type=int, default=6, help="measured chunks per session per run")
+    p.add_argument("--budget-s", type=float, default=480.0, help="stop starting new runs after this")
     p.add_argument(
         "--tiny", action="store_true", help="scaled-down configs: checks the script, measures nothing"
     )
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu_shapes.json")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
-    results = []
-    for shape in args.shape:
-        wcfg, dit, vae = shape_configs(shape, args.tiny)
-        world = build_world(wcfg, dit, vae, seed=0, device=args.device, dtype=dtype)
-        for n in args.sessions:
-            if args.device.startswith("cuda"):
-                torch.cuda.reset_peak_memory_stats()
-            row = run_shape(world, n, args.chunks)
-            row.update(
-                shape=shape,
-                resolution=f"{wcfg.height}x{wcfg.width}",
-                steps=len(wcfg.schedule.steps),
-                kv_bytes_per_session=world.kv_bytes_per_session(),
-                published_fps_h100=PUBLISHED_FPS[shape],
-            )
-            if args.device.startswith("cuda"):
-                row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-            print(json.dumps(row))
-            results.append(row)
-        del world
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "gpu_shapes_tiny.json" if args.tiny else "gpu_shapes.json"
+    device = torch.device(args.device)
+    start = time.perf_counter()
     meta = {
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "dtype": args.dtype,
+        "torch": torch.__version__,
+        "tiny": args.tiny,
+        "command": " ".join(sys.argv),
     }
-    (args.out / name).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    print(f"wrote {args.out / name}")
+    results: list[dict] = []
+    worlds: dict[str, dict[str, World]] = {}
+    mode_of: dict[str, str] = {}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for kind, shape, mode, decoder, n in plan(args.tiny):
+        row: dict = {"kind": kind, "shape": shape, "mode": mode, "decoder": decoder, "sessions": n}
+        if time.perf_counter() - start > args.budget_s:
+            results.append(row | {"skipped": "time budget spent"})
+            continue
+        if shape not in worlds:
+            worlds.clear()  # one full-size shape on the device at a time
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            wcfg, dit, vae = shape_configs(shape, args.tiny)
+            wan = build_world(wcfg, dit, vae, seed=0, device=device, dtype=dtype)
+            worlds[shape] = {"wan": wan, "taehv": with_taehv(wan, args.tiny)}
+            mode_of[shape] = ""
+        pair = worlds[shape]
+        t_run = time.perf_counter()
+        try:
+            if mode_of[shape] != mode:
+                for w in pair.values():
+                    compile_world(w, mode, (1, 2, 4, 8))
+                mode_of[shape] = mode
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            with torch.no_grad():
+                if kind == "engine":
+                    row |= engine_run(pair[decoder], n, args.chunks)
+                elif kind == "overlap":
+                    serial = bare_loop(pair[decoder], n, args.chunks, overlap=False)
+                    piped = bare_loop(pair[decoder], n, args.chunks, overlap=True)
+                    row |= {"fps_serial": round(serial, 2), "fps_decode_on_side_stream": round(piped, 2)}
+                else:
+                    row["forward_ms"] = round(forward_ms(pair["wan"], n, reps=5), 2)
+            w = pair["wan"]
+            row |= {
+                "resolution": f"{w.config.height}x{w.config.width}",
+                "steps": len(w.config.schedule.steps),
+                "kv_bytes_per_session": w.kv_bytes_per_session(),
+                "published_fps_h100": PUBLISHED_FPS[shape],
+            }
+            if device.type == "cuda":
+                row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        except Exception as exc:  # one failing configuration must not lose the others' numbers
+            row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        row["wall_s"] = round(time.perf_counter() - t_run, 1)
+        print(json.dumps(row), flush=True)
+        results.append(row)
+        args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
