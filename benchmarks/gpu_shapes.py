@@ -76,7 +76,6 @@ def shape_configs(shape: str, tiny: bool) -> tuple[WorldConfig, CausalWanConfig,
             chunk_frames=3,
             window_frames=window,
             null_text_len=8,
-            max_text_len=8,
             action=None
             if action is None
             else ActionConfig(

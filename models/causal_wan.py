@@ -87,7 +87,7 @@ class CausalWanConfig:
     window_frames: int = 21  # local attention span in latent frames, the current chunk included
     sink_frames: int = 0  # first frames of a session kept in attention forever
     null_text_len: int = 1  # text tokens used when a session has no prompt embedding
-    max_text_len: int = 512  # prompt tokens a session may bring (text K/V slots per pool row)
+    max_text_len: int = 0  # prompt tokens a session may bring (0: null_text_len); text K/V slots per row
     action: ActionConfig | None = None  # None: no action module
 
     @property
@@ -99,12 +99,17 @@ class CausalWanConfig:
         """Tokens of one latent frame of size (h, w)."""
         return (h // self.patch_size[1]) * (w // self.patch_size[2])
 
+    @property
+    def text_tokens(self) -> int:
+        """Text K/V slots of a pool row: the longest prompt a session may bring."""
+        return max(self.max_text_len, self.null_text_len)
+
     def kv_bytes(self, tokens_per_frame: int, itemsize: int, text_tokens: int | None = None) -> int:
         """Bytes of one session's row of the K/V pool (`KVPool.row_nbytes`): every layer's K and V
-        over (sink + window) frames, its text K/V (`text_tokens`, default `max_text_len`), plus the
+        over (sink + window) frames, its text K/V (`text_tokens`, default `self.text_tokens`), plus the
         action module's temporal K/V when it has mouse or vector input."""
         slots = (self.sink_frames + self.window_frames) * tokens_per_frame
-        text = self.max_text_len if text_tokens is None else text_tokens
+        text = self.text_tokens if text_tokens is None else text_tokens
         total = self.num_layers * (slots + text) * self.dim * 2 * itemsize
         a = self.action
         if a is not None and (a.mouse or a.vector_dim):
@@ -444,7 +449,7 @@ class CausalWan(nn.Module):
         device: torch.device | str | None = None,
     ) -> KVPool:
         """Preallocate the K/V pool: `max_sessions` rows at latent size (h, w), each with (sink +
-        window) frame slots and `text_tokens` (default `cfg.max_text_len`) text K/V slots."""
+        window) frame slots and `text_tokens` (default `cfg.text_tokens`) text K/V slots."""
         cfg = self.cfg
         p = next(self.parameters())
         capacity = (cfg.sink_frames + cfg.window_frames) * self.tokens_per_frame(h, w)
@@ -456,7 +461,7 @@ class CausalWan(nn.Module):
             capacity,
             cfg.num_attention_heads,
             cfg.attention_head_dim,
-            text_tokens or cfg.max_text_len,
+            text_tokens or cfg.text_tokens,
             self.n_action_layers if motion else 0,
             a_heads,
             a_hd,

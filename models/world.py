@@ -286,8 +286,8 @@ class World:
             text = self.transformer.null_text(self.device, self.dtype)
         elif text.ndim != 2 or text.shape[1] != tcfg.text_dim:
             raise ConditioningError("prompt", f"text embedding must be (L, {tcfg.text_dim})")
-        elif text.shape[0] > tcfg.max_text_len:
-            raise ConditioningError("prompt", f"text embedding has more than {tcfg.max_text_len} tokens")
+        elif text.shape[0] > tcfg.text_tokens:
+            raise ConditioningError("prompt", f"text embedding has more than {tcfg.text_tokens} tokens")
         start_latents = self._start_latents(cond)
         row, lease = self._lease_row()
         self.transformer.set_text(row, text.to(self.device, self.dtype))

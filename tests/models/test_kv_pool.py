@@ -131,3 +131,15 @@ def test_denoise_and_context_never_sync_with_the_host():
         pred = world.denoise(x, 900.0, index, acts)
         world.context(pred, index, acts)
     assert pred.shape == x.shape and torch.isfinite(pred).all()
+
+
+def test_a_prompt_longer_than_the_rows_text_slots_is_refused():
+    from models.world import ConditioningError
+
+    world = build_world(*tiny_random_configs(), seed=0)
+    world.setup(2)
+    cfg = world.transformer.cfg
+    assert cfg.text_tokens == cfg.null_text_len  # no prompts configured: no unused text slots
+    with pytest.raises(ConditioningError) as err:
+        world.init_state(Conditioning(text=torch.zeros(cfg.text_tokens + 1, cfg.text_dim)))
+    assert err.value.field == "prompt" and world.free_rows == world.max_sessions  # no row kept
