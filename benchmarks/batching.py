@@ -1,7 +1,9 @@
 """Batching: aggregate frames/s of N lockstep sessions on one CPU engine, N = 1, 2, 4, 8.
 
-Three paths, each at every N, alternating N within a round so background load hits all alike:
+Four paths, each at every N, alternating N within a round so background load hits all alike:
 
+* forward: one batched denoise forward alone (best of 10, sessions at a full window), reported
+          as latent frames/s: the bound of the model itself;
 * bare:   the batched model loop alone (`World` calls: K denoise forwards, the context pass, the
           batched decode) for N sessions in one batch: the bound the engine can reach;
 * engine: N streams in a bare `Engine` (max_batch 8); each round submits one chunk per stream
@@ -10,8 +12,9 @@ Three paths, each at every N, alternating N within a round so background load hi
           sessions over loopback websockets (raw frames), each `step` awaited.
 
 The figure of merit is frames/s at N divided by frames/s at 1, per path. Median of `--rounds`.
+Frames are video frames except for `forward` (latent frames).
 
-    python benchmarks/batching.py [--model tiny-world] [--chunks 6] [--rounds 3] [--paths bare engine ws]
+    python benchmarks/batching.py [--model tiny-world] [--chunks 6] [--rounds 3] [--paths forward bare engine ws]
 
 Prints and writes benchmarks/results/batching.json (or --out).
 """
@@ -39,6 +42,30 @@ from runtime.requests import ChunkCommitted, ChunkRequest
 
 RESULTS = Path(__file__).parent / "results"
 KEYS = ["w", "d"]
+
+
+def forward_fps(world: World, n: int, reps: int = 10) -> float:
+    """Latent frames/s of one batched denoise forward for n sessions (best of `reps`)."""
+    from runtime.kv_cache import KVLayout
+
+    cfg = world.transformer.cfg
+    layout = KVLayout(cfg.sink_frames, cfg.window_frames, world.tokens_per_frame)
+    world.setup(max(8, n))
+    states = [world.init_state(Conditioning(seed=i)) for i in range(n)]
+    k = world.chunk_frames
+    index = layout.index([s.row for s in states], [cfg.window_frames] * n, k, world.pad_row)
+    a = cfg.action
+    width = 0 if a is None else len(a.keys) + 2 * int(a.mouse) + a.vector_dim
+    acts = None if a is None else torch.zeros(n, k, world.layout.frames_per_latent, width)
+    x = world.noise_batch([(s.seed, 1, 0) for s in states], k)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        world.denoise(x, 500.0, index, acts)
+        best = min(best, time.perf_counter() - t0)
+    for s in states:
+        world.release_state(s)
+    return n * k / best
 
 
 def bare_fps(world: World, n: int, chunks: int) -> float:
@@ -149,7 +176,8 @@ def main() -> None:
     p.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--chunks", type=int, default=6, help="measured chunks per session per run")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--paths", nargs="+", default=["bare", "engine", "ws"], choices=["bare", "engine", "ws"])
+    paths = ["forward", "bare", "engine", "ws"]
+    p.add_argument("--paths", nargs="+", default=paths, choices=paths)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=RESULTS / "batching.json")
     args = p.parse_args()
@@ -163,6 +191,8 @@ def main() -> None:
         for r in range(args.rounds):
             for n in args.sessions:
                 with torch.no_grad():
+                    if "forward" in args.paths:
+                        runs["forward"][n].append(forward_fps(world, n))
                     if "bare" in args.paths:
                         runs["bare"][n].append(bare_fps(world, n, args.chunks))
                     if "engine" in args.paths:
