@@ -79,7 +79,9 @@ class Engine:
         self._live: set[int] = set()  # request ids handed out and not yet resolved or forgotten
         self._aborted: set[int] = set()  # subset of _live to cancel
         self._ids = itertools.count(1)
-        for world in worlds.values():
+        for name, world in worlds.items():
+            if world.buckets is not None and max_batch > world.buckets[-1]:
+                raise ValueError(f"max_batch {max_batch} exceeds {name}'s largest compiled bucket")
             # One K/V pool row per stream the budget admits, plus one so a reset can build the
             # new world before it lets go of the old one.
             world.setup(max_streams + 1)
