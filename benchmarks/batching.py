@@ -14,7 +14,7 @@ Four paths, each at every N, alternating N within a round so background load hit
 The figure of merit is frames/s at N divided by frames/s at 1, per path. Median of `--rounds`.
 Frames are video frames except for `forward` (latent frames).
 
-    python benchmarks/batching.py [--model tiny-world] [--chunks 6] [--rounds 3] [--paths forward bare engine ws]
+    python benchmarks/batching.py [--model tiny-world] [--chunks 6] [--rounds 3] [--paths forward ...]
 
 Prints and writes benchmarks/results/batching.json (or --out).
 """
