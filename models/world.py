@@ -29,7 +29,7 @@ from models.actions import ActionSpace, FrameLayout
 from models.causal_wan import CausalWan
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise
-from models.vae import DecoderCache, StreamingDecoder
+from models.vae import DecoderCache, StreamingDecoder, decode_batch
 
 
 class ModelError(Exception):
@@ -377,6 +377,14 @@ class World:
     def decode(self, latents: torch.Tensor, state: WorldState) -> tuple[torch.Tensor, DecoderCache]:
         """latents (C, n, h, w) -> frames (T, H, W, 3) uint8 and the decoder cache after them."""
         return self.decoder.decode(latents, state.decoder)
+
+    @torch.no_grad()
+    def decode_batch(
+        self, latents: Sequence[torch.Tensor], states: Sequence[WorldState]
+    ) -> tuple[list[torch.Tensor], list[DecoderCache]]:
+        """Many sessions' latents (C, n, h, w) -> their frames (T, H, W, 3) uint8 and new decoder
+        caches, batched where the decoder can (`models.vae.decode_batch`); states are untouched."""
+        return decode_batch(self.decoder, list(latents), [s.decoder for s in states])
 
     def _actions(self, actions: torch.Tensor | None) -> torch.Tensor | None:
         if actions is None or self.transformer.cfg.action is None:

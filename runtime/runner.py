@@ -33,7 +33,6 @@ import torch
 from models.actions import FrameAction, group_actions
 from models.kv_pool import ChunkIndex
 from models.sampler import add_noise
-from models.vae import decode_batch
 from models.world import Conditioning, World
 from runtime.kv_cache import KVLayout
 from runtime.plan import ScheduledChunk, StepPlan
@@ -256,8 +255,7 @@ class Batch:
         if not self.boundary("decode"):
             return False
         states = [self.txns[i].stream.state for i in self.live]
-        latents = [self.x0[i] for i in self.live]
-        frames, caches = decode_batch(self.world.decoder, latents, [s.decoder for s in states])
+        frames, caches = self.world.decode_batch([self.x0[i] for i in self.live], states)
         self.clock.mark("decoded")
         finite = self.finite.index_select(0, torch.tensor(self.live, device=self.finite.device))
         *host, ok = frames_to_host([*frames, finite.to(torch.uint8)])

@@ -37,28 +37,36 @@ def smooth_world() -> World:
     decode to noise, which no 4:2:0 codec keeps at 35 dB; these frames are what a trained world's
     look like to an encoder."""
     world = small_world(name="smooth")
-    decode = world.decode
+    decode, decode_batch = world.decode, world.decode_batch
 
     def smooth_decode(latents: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
-        frames, cache = decode(latents, state)  # (T, H, W, 3) uint8 noise
-        _, h, w, _ = frames.shape
-        mean = frames.float().mean(dim=(1, 2)) / 255  # (T, 3) in 0..1
-        y, x = torch.meshgrid(
-            torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij"
-        )
-        base = torch.stack(
-            [60 + 120 * x / w, 50 + 150 * y / h, 90 + 80 * (x + y) / (w + h)], dim=-1
-        )  # (H, W, 3)
-        cy = h * (0.2 + 0.6 * mean[:, 0])  # (T,)
-        cx = w * (0.2 + 0.6 * mean[:, 1])
-        dist = torch.hypot(y[None] - cy[:, None, None], x[None] - cx[:, None, None])  # (T, H, W)
-        disc = ((h / 4 - dist) / 4).clamp(0, 1)[..., None]  # soft edge, 4 px
-        colour = 100 + 150 * mean[:, None, None, :]  # (T, 1, 1, 3)
-        out = base[None] * (1 - disc) + colour * disc
-        return out.round().clamp(0, 255).to(torch.uint8), cache
+        frames, cache = decode(latents, state)
+        return smooth(frames), cache
+
+    def smooth_decode_batch(latents: Any, states: Any) -> tuple[list[torch.Tensor], Any]:
+        frames, caches = decode_batch(latents, states)
+        return [smooth(f) for f in frames], caches
 
     world.decode = smooth_decode  # type: ignore[method-assign]
+    world.decode_batch = smooth_decode_batch  # type: ignore[method-assign]
     return world
+
+
+def smooth(frames: torch.Tensor) -> torch.Tensor:
+    """(T, H, W, 3) uint8 noise -> smooth frames driven by each frame's mean colour."""
+    _, h, w, _ = frames.shape
+    mean = frames.float().mean(dim=(1, 2)) / 255  # (T, 3) in 0..1
+    y, x = torch.meshgrid(
+        torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij"
+    )
+    base = torch.stack([60 + 120 * x / w, 50 + 150 * y / h, 90 + 80 * (x + y) / (w + h)], dim=-1)  # (H, W, 3)
+    cy = h * (0.2 + 0.6 * mean[:, 0])  # (T,)
+    cx = w * (0.2 + 0.6 * mean[:, 1])
+    dist = torch.hypot(y[None] - cy[:, None, None], x[None] - cx[:, None, None])  # (T, H, W)
+    disc = ((h / 4 - dist) / 4).clamp(0, 1)[..., None]  # soft edge, 4 px
+    colour = 100 + 150 * mean[:, None, None, :]  # (T, 1, 1, 3)
+    out = base[None] * (1 - disc) + colour * disc
+    return out.round().clamp(0, 255).to(torch.uint8)
 
 
 @pytest.fixture(scope="session")
