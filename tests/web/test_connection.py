@@ -133,8 +133,10 @@ def test_rate_limits(worlds) -> None:
             await expect_error(ws, ErrorCode.RATE_LIMITED, seq=8)
             for _ in range(60):  # past the burst
                 await send(ws, m.Ping(t=0.0))
-            kinds = [type(await recv(ws)).__name__ for _ in range(60 + 8)]
-            assert "Error" in kinds and kinds.count("Frames") == 8
+            kinds: list[str] = []
+            while kinds.count("Frames") < 8:
+                kinds.append(type(await recv(ws)).__name__)
+            assert "Error" in kinds  # excess pings were dropped with rate_limited
 
     run(main())
 
