@@ -77,10 +77,10 @@ MAX_NDIM = 4
 MAX_ELEMENTS = 1 << 28  # per array; also bounds each dimension (a zero dim would hide a huge one)
 
 MAX_DEPTH = 16  # nesting of maps/arrays; the deepest v1 message (generate) needs 6
-# Maps + arrays per message. Each becomes objects to build and validate (~2 us each), so this is
-# what bounds the event-loop time of one message; a `generate` of ~2000 chunks with one keyed
-# action each still fits.
-MAX_CONTAINERS = 8192
+# Maps + arrays per message. Each becomes objects to build and validate (~1-2 us each), so this
+# is what bounds the event-loop time of one message (~5 ms; benchmarks/parse_cost.py); a
+# `generate` of 1000 chunks with one keyed action each still fits.
+MAX_CONTAINERS = 4096
 MAX_MAP_LEN = 64  # keys per map; no v1 map has more than a dozen
 MAX_ARRAY_LEN = MAX_CHUNKS  # items per msgpack array: generate.actions is the longest
 

@@ -457,7 +457,7 @@ def test_the_container_budget_stops_msgpack_early() -> None:
     assert cost.containers == codec.MAX_CONTAINERS + 1  # not a million: msgpack stopped there
     wide = pack({"type": "generate", "chunks": 8000, "actions": [[{}] * 7] * 8000})  # 64 KB
     fails(wide, ErrorCode.BAD_MESSAGE)
-    fits = {"type": "generate", "chunks": 2000, "actions": [[{"keys": ["w"], "mouse": [1.0, 0.0]}]] * 2000}
+    fits = {"type": "generate", "chunks": 1000, "actions": [[{"keys": ["w"], "mouse": [1.0, 0.0]}]] * 1000}
     cost = codec.ParseCost()
     msg = codec.parse_client(pack(fits), max_size=MAX_SIZE, cost=cost)
-    assert isinstance(msg, m.Generate) and len(msg.actions) == 2000 and cost.containers == 8001
+    assert isinstance(msg, m.Generate) and len(msg.actions) == 1000 and cost.containers == 4002
