@@ -197,6 +197,8 @@ def _parse(data: bytes, *, max_size: int, types: frozenset[str], adapter: Any, c
             list_hook=builder.array,
             object_hook=builder.map,
         )
+    except _Refused as exc:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, str(exc)) from exc
     except (ValueError, msgpack.UnpackException) as exc:  # every unpack failure is one of these
         reason = str(exc) or type(exc).__name__  # some msgpack errors carry no text
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"not one msgpack value: {reason}") from exc
@@ -215,7 +217,7 @@ def _parse(data: bytes, *, max_size: int, types: frozenset[str], adapter: Any, c
         raise _invalid_field(exc, seq) from exc
 
 
-class _Refused(ValueError):
+class _Refused(Exception):
     """Raised from a msgpack hook; msgpack lets it through, and _parse makes it bad_message."""
 
 
