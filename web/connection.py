@@ -73,7 +73,7 @@ class Connection:
         self.pipeline = Pipeline(self.outbox, hub.pool)
         self.bucket = TokenBucket(hub.config.rate, hub.config.burst)
         self.refusals = TokenBucket(REFUSALS_PER_S, 1)  # `rate_limited` replies
-        self.created: list[Session] = []  # sessions this connection opened or forked
+        self.created: list[Session] = []  # sessions this connection opened or forked (pruned)
         self.forks = 0  # forks made so far
         self._closer: asyncio.Task[None] | None = None  # closes the socket when the pipeline failed
         self._handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
@@ -435,7 +435,8 @@ class Connection:
             raise ProtocolError(
                 ErrorCode.BUSY, f"at most {cfg.forks_per_connection} forks per connection", seq=msg.seq
             )
-        if len(self.created) >= cfg.sessions_per_connection:
+        live = {s.id for s in self.created} | {session.id}  # a resumed session counts too
+        if len(live) >= cfg.sessions_per_connection:
             raise ProtocolError(
                 ErrorCode.BUSY,
                 f"at most {cfg.sessions_per_connection} live sessions per connection; "

@@ -29,7 +29,7 @@ class ServerConfig:
     # closes the longest-detached one instead of answering `busy`)
     detach_ttl_s: float = 60.0  # how long a detached session waits for a resume
     max_connections: int = 64  # open websockets; a handshake past it gets HTTP 503
-    sessions_per_connection: int = 4  # live sessions one connection created (its own + forks)
+    sessions_per_connection: int = 4  # live: the one a connection is attached to + its forks
     forks_per_connection: int = 16  # forks one connection may make in all
     idle_timeout_s: float = 300.0  # no client message for this long closes a live session
     # ("idle") or a connection without one; 0 = never. A one-shot is never idle.
