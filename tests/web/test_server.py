@@ -8,10 +8,11 @@ import socket
 
 import numpy as np
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from web import messages as m
 from web.sdk import attach, connect
+from web.server import ServerConfig, exposure_warning
 
 from .conftest import dial, psnr, recv, recv_until, run, send, serving
 
@@ -282,3 +283,59 @@ def test_a_client_that_never_reads_does_not_stall_another(worlds) -> None:
             stalled.transport.abort()
 
     run(main())
+
+
+# -- who may connect ------------------------------------------------------------------------------
+
+
+async def handshake_status(server, **kwargs) -> int:
+    """101 when the websocket opened (then closed again), else the HTTP status it was refused with."""
+    try:
+        ws = await ws_connect(server.ws_url, proxy=None, compression=None, **kwargs)
+    except InvalidStatus as exc:
+        return exc.response.status_code
+    await ws.close()
+    return 101
+
+
+def test_foreign_origins_are_refused(worlds) -> None:
+    async def main():
+        async with serving(worlds) as server:
+            here = f"http://127.0.0.1:{server.port}"
+            assert await handshake_status(server) == 101  # not a browser
+            assert await handshake_status(server, origin=here) == 101  # the page this server serves
+            for foreign in ("http://evil.example", f"http://localhost:{server.port}", "null"):
+                assert await handshake_status(server, origin=foreign) == 403, foreign
+        async with serving(worlds, allow_origins=("https://app.example",)) as server:
+            assert await handshake_status(server, origin="https://app.example") == 101
+            assert await handshake_status(server, origin="https://other.example") == 403
+        async with serving(worlds, allow_origins=("*",)) as server:
+            assert await handshake_status(server, origin="https://other.example") == 101
+
+    run(main())
+
+
+def test_connections_past_the_cap_get_503(worlds) -> None:
+    async def main():
+        async with serving(worlds, max_connections=2) as server:
+            first, second = await dial(server), await dial(server)
+            assert await handshake_status(server) == 503
+            await send(second, m.Ping(t=1.0))
+            assert isinstance(await recv(second), m.Pong)  # the admitted ones are served as usual
+            await first.close()
+            for _ in range(100):  # the server sees the close a moment later
+                if (status := await handshake_status(server)) == 101:
+                    break
+                await asyncio.sleep(0.05)
+            assert status == 101
+
+    run(main())
+
+
+def test_listening_beyond_loopback_without_a_token_warns() -> None:
+    assert exposure_warning(ServerConfig(host="127.0.0.1")) is None
+    assert exposure_warning(ServerConfig(host="::1")) is None
+    assert exposure_warning(ServerConfig(host="localhost")) is None
+    assert exposure_warning(ServerConfig(host="0.0.0.0", token="s3cret")) is None
+    for host in ("0.0.0.0", "", "192.168.1.5", "example.com"):
+        assert "--token" in (exposure_warning(ServerConfig(host=host)) or ""), host
