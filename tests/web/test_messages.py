@@ -233,6 +233,16 @@ def test_generate() -> None:
     assert msg.actions == ((m.FrameAction(keys=("w",)),), (m.FrameAction(), m.FrameAction()))
 
 
+def test_generate_actions_entry_is_one_map_or_a_list_of_them() -> None:
+    # like step.actions: one action map drives the whole chunk, a list gives one per frame
+    msg = client({"type": "generate", "chunks": 3, "actions": [{"keys": ["w"]}, [{"keys": ["d"]}, {}]]})
+    assert msg.actions == ((m.FrameAction(keys=("w",)),), (m.FrameAction(keys=("d",)), m.FrameAction()))
+    assert m.Generate(chunks=1, actions=[m.FrameAction(keys=("a",))]).actions == ((m.FrameAction(keys=("a",)),),)
+    entry = m.json_schema()["$defs"]["Generate"]["properties"]["actions"]["items"]
+    assert [branch.get("type") for branch in entry["anyOf"]] == [None, "array"]
+    assert entry["anyOf"][0] == {"$ref": "#/$defs/FrameAction"}
+
+
 @pytest.mark.parametrize(
     ("fields", "loc"),
     [
@@ -242,7 +252,8 @@ def test_generate() -> None:
         ({"chunks": 1, "actions": [[{}], [{}]]}, ("actions",)),  # more action lists than chunks
         ({"chunks": 2, "actions": [[]]}, ("actions", 0)),
         ({"chunks": 2, "actions": [[{}] * 257]}, ("actions", 0)),
-        ({"chunks": 2, "actions": [{}]}, ("actions", 0)),  # flat list: each entry must be a list
+        ({"chunks": 2, "actions": ["w"]}, ("actions", 0)),  # an entry is an action map or a list of them
+        ({"chunks": 2, "actions": [{"tilt": 1}]}, ("actions", 0, 0, "tilt")),  # a map is checked too
     ],
 )
 def test_generate_bounds(fields: dict[str, Any], loc: tuple[Any, ...]) -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import msgpack
 import numpy as np
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from web import codec
 from web import messages as m
 from web.sdk import attach, connect
 
@@ -217,6 +219,35 @@ def test_oneshot_streams_frames_then_done_then_closes(worlds) -> None:
             assert isinstance(closed, m.Closed) and closed.reason == "done"
             await closed_with(ws, 1000)
             assert len(server.manager) == 0
+
+    run(main())
+
+
+def test_oneshot_actions_may_be_one_map_per_chunk_or_a_list_per_frame(worlds) -> None:
+    async def main():
+        async with serving(worlds) as server:
+            async with connect(server.url, seed=6, mode="lockstep", codec="raw") as ref:
+                reference = np.concatenate([await ref.step(a) for a in [[W], [D] * 4, [{"keys": ["a"]}]]])
+            ws = await dial(server)
+            d = {
+                "keys": ["d"],
+                "mouse": [1.0, -2.0],
+                "vector": codec.pack_array(np.array([0.5, -0.5], np.float32)),
+            }
+            actions = [
+                {"keys": ["w"]},
+                [d] * 4,
+                {"keys": ["a"]},
+            ]  # a map, a list, a map: as a v1 client sends
+            await ws.send(
+                msgpack.packb(
+                    {"type": "generate", "seed": 6, "chunks": 3, "actions": actions, "codec": "raw"}
+                )
+            )
+            msgs = await recv_until(ws, m.Done)
+            frames = [msg.data for msg in msgs if isinstance(msg, m.Frames)]
+            assert np.array_equal(np.concatenate(frames), reference)
+            ws.transport.abort()
 
     run(main())
 
