@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import socket
 import subprocess
 import sys
 import threading
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 
 from web import messages as m
-from web.errors import ErrorCode, ServerError, SessionClosed, StepCancelled
+from web.errors import ErrorCode, ServerError, ServerUnreachable, SessionClosed, StepCancelled
 from web.sdk import Client, attach, connect, generate
 from web.sdk import sync as sync_sdk
 from web.sdk.actions import frame_actions
@@ -140,7 +142,7 @@ def test_sync_client_waits_for_the_server_and_steps(worlds) -> None:
     def client_first() -> None:
         while "port" not in box:
             time.sleep(0.01)
-        with Client(f"127.0.0.1:{box['port']}", seed=3, wait_s=60) as world:
+        with Client(f"127.0.0.1:{box['port']}", seed=3, connect_timeout=60) as world:
             box["ready"] = world.ready
             box["frames"] = [world.step({"keys": ["w"]}) for _ in range(2)]
             box["reset"] = world.reset(seed=3)
@@ -160,6 +162,32 @@ def test_sync_client_waits_for_the_server_and_steps(worlds) -> None:
     assert [f.shape for f in box["frames"]] == [(3, 32, 32, 3), (4, 32, 32, 3)]
     assert box["reset"].chunk == 2 and np.array_equal(box["again"], box["frames"][0])
     assert box["token"]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_no_server_fails_with_a_clear_connection_error() -> None:
+    url = f"127.0.0.1:{free_port()}"
+    want = f"no worldserve server at ws://{url}/v1/session"
+    assert inspect.signature(Client).parameters["connect_timeout"].default <= 10  # documented, short
+    with pytest.raises(ServerUnreachable, match=want) as info:
+        Client(url, connect_timeout=0.5)
+    assert isinstance(info.value, ConnectionError) and info.value.url == f"ws://{url}/v1/session"
+    with pytest.raises(ServerUnreachable, match=want):
+        sync_sdk.generate(url, chunks=1, connect_timeout=0.5)
+
+    async def main():
+        with pytest.raises(ServerUnreachable, match=want):
+            await connect(url, connect_timeout=0.5)
+        with pytest.raises(ServerUnreachable, match=want):
+            await generate(url, chunks=1, connect_timeout=0.5)
+
+    run(main())
 
 
 def test_sync_realtime_generate_and_errors(worlds) -> None:
