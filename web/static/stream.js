@@ -165,10 +165,13 @@ export class Stream {
       case "frames": return this.frames(msg);
       case "forked": return this.forked(msg);
       case "pong": state.rttMs = this.conn.rttMs; return;
-      case "error":
-        state.errors = [...state.errors.slice(1 - MAX_ERRORS), { ...msg, text: errorText(msg) }];
-        hud.say(errorText(msg), { sticky: Boolean(msg.fatal) });
+      case "error": {
+        const refused = this.conn.refusal === msg; // our `open` was turned down: the attempt ended
+        const text = errorText(refused ? { ...msg, fatal: true } : msg);
+        state.errors = [...state.errors.slice(1 - MAX_ERRORS), { ...msg, text }];
+        hud.say(text, { sticky: Boolean(msg.fatal || refused) });
         return;
+      }
       case "cancelled":
         state.cancels++;
         hud.say(`Chunk ${msg.chunk} was cancelled; the world is as it was.`, { level: "info" });
@@ -264,7 +267,8 @@ export class Stream {
     this.state.status = status;
     this.state.statusDetail = detail;
     if (status === "reconnecting") this.wasReconnecting = true;
-    if (status === "failed" && detail) this.hud.say(`Disconnected: ${detail}.`, { sticky: true });
+    // a refused `open` is on the banner already, in the error's own words
+    if (status === "failed" && detail && !this.conn.refusal) this.hud.say(`Disconnected: ${detail}.`, { sticky: true });
     if (status === "closed" || status === "failed") this.player.held = false;
     this.onStatusHook?.(status);
   }

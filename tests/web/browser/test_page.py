@@ -156,13 +156,44 @@ def test_fork_opens_in_a_new_tab(open_page: OpenPage) -> None:
 
 def test_server_errors_are_shown_in_words(open_page: OpenPage) -> None:
     page = open_page("?autostart=1&codec=jpeg&model=no-such-world")
-    s = page.wait("s.errors.length > 0 && (s.status === 'closed' || s.status === 'failed')")
+    s = page.wait("s.errors.length > 0 && s.status === 'failed'")
     (error,) = s["errors"]
     assert error["code"] == "not_found" and error["fatal"]
     assert "does not exist" in error["text"]
     assert page.page.is_visible("#banner")
     assert "does not exist" in page.page.inner_text("#banner")
+    # the server was reached and said no: the HUD says what it said, not that it was unreachable
+    status = page.hud("status")
+    assert "does not exist" in status and "no-such-world" in status and "reach" not in status, status
     page.screenshot()
+
+
+def test_an_open_refused_with_invalid_field_ends_the_attempt_in_words(open_page: OpenPage) -> None:
+    page = open_page(f"?autostart=1&codec=jpeg&model={'x' * 200}")  # longer than a model id may be
+    s = page.wait("s.status === 'failed'")
+    (error,) = s["errors"]
+    assert error["code"] == "invalid_field" and not error["fatal"] and error["message"].startswith("model:")
+    status = page.hud("status")
+    assert "turned down" in status and "model:" in status and "reach" not in status, status
+    banner = page.page.inner_text("#banner")
+    assert "model:" in banner and "press Start" in banner, banner
+    page.run_for(0.5)
+    assert page.state()["status"] == "failed"  # not retried, not back to "connecting"
+    page.screenshot()
+
+
+def test_an_unknown_codec_in_the_address_is_reported(open_page: OpenPage) -> None:
+    page = open_page("?codec=vp9")
+    page.page.wait_for_selector("#model option", state="attached")
+    assert page.page.is_visible("#banner")
+    banner = page.page.inner_text("#banner")
+    assert '"vp9"' in banner and "h264" in banner, banner
+    s = page.state()
+    assert "vp9" in s["codecProblem"], s
+    assert "vp9" in page.hud("codec")
+    page.page.click("#overlay")  # the session still starts, in the picker's codec
+    s = page.wait(f"{PLAYING} && s.chunksShown >= 1")
+    assert s["codec"] in ("h264", "jpeg") and "vp9" in page.hud("codec")
 
 
 def test_models_picker_lists_the_server_models(open_page: OpenPage) -> None:
