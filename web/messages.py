@@ -390,7 +390,14 @@ class Generate(_Message):
 
 
 class Ready(_Message):
-    """The session is live. On resume, ``chunk`` is the last committed chunk (0 before any)."""
+    """The session is live. On resume, ``chunk`` is the last committed chunk (0 before any).
+
+    ``frame`` (an addition) is the world's latest committed frame, so a client can show the
+    world before its first chunk: the start frame of an image-started world after ``open`` and
+    ``reset``, the last frame shown so far on resume; absent when there is none. Raw sessions get
+    an (H, W, 3) uint8 array, the others one JPEG. A one-shot's ``ready`` has an empty
+    ``resume_token`` (a one-shot cannot be resumed).
+    """
 
     type: Literal["ready"] = "ready"
     session_id: str
@@ -399,6 +406,13 @@ class Ready(_Message):
     model: ModelInfo
     codec: CodecInfo
     chunk: Count = 0
+    frame: Image | bytes | None = None
+
+    @model_validator(mode="after")
+    def _frame_matches(self) -> Self:
+        if self.frame is not None and isinstance(self.frame, np.ndarray) != (self.codec.name == "raw"):
+            raise ValueError("frame: raw sessions carry an array, the others a JPEG")
+        return self
 
 
 class Frames(_Message):

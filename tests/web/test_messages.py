@@ -237,7 +237,9 @@ def test_generate_actions_entry_is_one_map_or_a_list_of_them() -> None:
     # like step.actions: one action map drives the whole chunk, a list gives one per frame
     msg = client({"type": "generate", "chunks": 3, "actions": [{"keys": ["w"]}, [{"keys": ["d"]}, {}]]})
     assert msg.actions == ((m.FrameAction(keys=("w",)),), (m.FrameAction(keys=("d",)), m.FrameAction()))
-    assert m.Generate(chunks=1, actions=[m.FrameAction(keys=("a",))]).actions == ((m.FrameAction(keys=("a",)),),)
+    assert m.Generate(chunks=1, actions=[m.FrameAction(keys=("a",))]).actions == (
+        (m.FrameAction(keys=("a",)),),
+    )
     entry = m.json_schema()["$defs"]["Generate"]["properties"]["actions"]["items"]
     assert [branch.get("type") for branch in entry["anyOf"]] == [None, "array"]
     assert entry["anyOf"][0] == {"$ref": "#/$defs/FrameAction"}
@@ -287,6 +289,19 @@ def test_ready() -> None:
     assert msg.model.action_space.keys == ("w", "a", "s", "d")
     assert (msg.codec.codec, msg.chunk, msg.protocol) == ("avc1.42c00a", 0, 1)
     assert rejected({**msg.model_dump(), "protocol": 2}, m.SERVER_ADAPTER) == ("protocol",)
+
+
+def test_ready_frame_is_one_image_in_the_session_codec() -> None:
+    base = {"type": "ready", "session_id": "s", "resume_token": "t", "model": MODEL}
+    image = np.zeros((64, 64, 3), np.uint8)
+    assert server({**base, "codec": {"name": "raw"}}).frame is None  # absent: no frame yet
+    assert server({**base, "codec": {"name": "raw"}, "frame": image}).frame is image
+    assert server({**base, "codec": {"name": "jpeg"}, "frame": b"\xff\xd8"}).frame == b"\xff\xd8"
+    assert server({**base, "codec": {"name": "h264", "codec": "avc1"}, "frame": b"\xff\xd8"}).frame
+    assert rejected({**base, "codec": {"name": "jpeg"}, "frame": image}, m.SERVER_ADAPTER) == ()
+    assert rejected({**base, "codec": {"name": "raw"}, "frame": b"x"}, m.SERVER_ADAPTER) == ()
+    chunk = np.zeros((1, 64, 64, 3), np.uint8)  # a chunk is not one image
+    assert rejected({**base, "codec": {"name": "raw"}, "frame": chunk}, m.SERVER_ADAPTER)[0] == "frame"
 
 
 def test_frames_data_forms() -> None:

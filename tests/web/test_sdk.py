@@ -14,11 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from web import codec, convert
 from web import messages as m
 from web.errors import ErrorCode, ServerError, ServerUnreachable, SessionClosed, StepCancelled
 from web.sdk import Client, attach, connect, generate
 from web.sdk import sync as sync_sdk
 from web.sdk.actions import frame_actions
+from web.sdk.core import ClientCore
 from web.sdk.urls import session_url
 
 from .conftest import run, serving, serving_in_thread
@@ -47,6 +49,29 @@ def test_urls_and_actions() -> None:
     assert len(frame_actions([{}, {"keys": ["w"]}, m.FrameAction()])) == 3
     with pytest.raises(ValueError, match="unknown action fields"):
         frame_actions({"key": "w"})
+
+
+def test_ready_frame_is_decoded_to_an_array() -> None:
+    model = m.ModelInfo(
+        id="w", fps=15.0, chunk_frames=4, width=8, height=4, action_space=m.ActionSpace(keys=(), mouse=False)
+    )
+    image = np.full((4, 8, 3), 120, np.uint8)
+    jpeg = convert.ready_frame("jpeg", image)
+    core = ClientCore("jpeg")
+    core.receive(
+        codec.encode(
+            m.Ready(session_id="s", resume_token="", model=model, codec=m.CodecInfo(name="jpeg"), frame=jpeg)
+        )
+    )
+    assert core.ready.frame.shape == (4, 8, 3) and core.ready.frame.dtype == np.uint8
+    assert np.abs(core.ready.frame.astype(int) - 120).max() <= 2
+    core.receive(codec.encode(m.Done(chunks=0, frames=0)))
+    assert core.generated(m.Done(chunks=0, frames=0)).start is core.ready.frame
+    raw = ClientCore("raw")
+    raw.receive(
+        codec.encode(m.Ready(session_id="s", resume_token="t", model=model, codec=m.CodecInfo(name="raw")))
+    )
+    assert raw.ready.frame is None
 
 
 def test_async_lockstep_session(worlds) -> None:

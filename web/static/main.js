@@ -48,6 +48,7 @@ const state = (window.__worldserve = {
   timings: {}, // frames.timings of the last chunk received (ms per stage)
   paused: false,
   skipped: 0, // frames that could not be decoded (or waited too long for the decoder)
+  stillsShown: 0, // ready.frame pictures drawn (the world before its first chunk)
   cancels: 0, // `cancelled` replies
   mouseSent: 0, // |dx| + |dy| sent in actions, px
   forks: [], // resume tokens of forks made here

@@ -1,9 +1,11 @@
 // A session's stream: server messages -> decoder -> player, and the client's side of the flow
 // control. Chunks are deduplicated by number (a resume re-sends what was not acked), acked when
 // their first frame is on screen, and timed against the input that reached them (latency).
+// `ready.frame` (the world's latest frame, e.g. an image-started world's start frame) is drawn at
+// once for a new session or a reset, unless a chunk's frame got on screen first.
 // H.264 falls back to JPEG (by resuming the session with ?codec=jpeg) when it cannot decode.
 
-import { h264Problem, makeDecoder } from "./decoders.js";
+import { decodeStill, h264Problem, makeDecoder } from "./decoders.js";
 import { closedText, errorText } from "./hud.js";
 import { client } from "./protocol.js";
 import { SessionSocket } from "./session.js";
@@ -27,6 +29,7 @@ export class Stream {
     });
     this.decoder = null;
     this.forkTab = null; // the tab opened for a fork, waiting for `forked`
+    this.stillGen = 0; // counts ready frames: a slow decode of an older one is not drawn
     player.onChunkShown = (slot) => this.shown(slot);
     this.clear();
   }
@@ -186,6 +189,7 @@ export class Stream {
   ready(msg, socket) {
     const { state, player } = this;
     const same = msg.session_id === state.sessionId;
+    const fresh = socket === this.readySocket || !same; // a reset or another session: a new picture
     if (socket === this.readySocket) {
       // a second `ready` on one socket answers `reset`: chunks after msg.chunk are the new world
       player.flush(msg.chunk);
@@ -212,8 +216,23 @@ export class Stream {
       player.setModel(msg.model);
       this.input.setActionSpace(msg.model.action_space);
     }
+    if (fresh && msg.frame !== undefined) this.showStill(msg.frame);
     this.onReadyHook?.(msg);
     if (this.input.keys().length) this.sendAction(true); // keys held across a reset or a reconnect
+  }
+
+  /** Draw `ready.frame` once decoded, unless a newer ready or a chunk's frame came first. */
+  showStill(frame) {
+    const gen = ++this.stillGen;
+    const shown = this.player.framesShown;
+    decodeStill(frame).then(
+      (bitmap) => {
+        if (gen !== this.stillGen || this.player.framesShown !== shown) return bitmap.close();
+        this.player.drawStill(bitmap);
+        this.state.stillsShown++;
+      },
+      () => this.player.skipped++, // counted with the frames that could not be decoded
+    );
   }
 
   frames(msg) {
