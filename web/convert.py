@@ -17,7 +17,7 @@ from sessions.events import CancelledEvent, DoneEvent, ErrorEvent, FramesEvent
 from sessions.manager import OpenParams
 from sessions.session import Session
 from web import messages as m
-from web.encoders import EncodedChunk, JpegEncoder
+from web.encoders import EncodedChunk, encode_still
 from web.errors import ErrorCode, ProtocolError
 
 __all__ = [
@@ -98,10 +98,7 @@ def oneshot_ready(spec: ModelSpec, codec: m.CodecInfo) -> m.Ready:
 def ready_frame(codec: m.Codec, image: np.ndarray) -> np.ndarray | bytes:
     """``ready.frame`` for an (H, W, 3) uint8 image: the array itself for raw sessions, else one
     JPEG (an H.264 stream cannot start with a lone picture, and every client decodes JPEG)."""
-    if codec == "raw":
-        return image
-    ((jpeg, _),) = JpegEncoder().encode(image[None])
-    return jpeg
+    return image if codec == "raw" else encode_still(image)
 
 
 def frames(event: FramesEvent, codec: m.Codec, chunk: EncodedChunk, encode_ms: float) -> m.Frames:

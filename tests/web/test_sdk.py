@@ -23,7 +23,7 @@ from web.sdk.actions import frame_actions
 from web.sdk.core import ClientCore
 from web.sdk.urls import session_url
 
-from .conftest import run, serving, serving_in_thread
+from .conftest import psnr, run, serving, serving_in_thread
 
 
 def test_sdk_imports_without_torch() -> None:
@@ -72,6 +72,26 @@ def test_ready_frame_is_decoded_to_an_array() -> None:
         codec.encode(m.Ready(session_id="s", resume_token="t", model=model, codec=m.CodecInfo(name="raw")))
     )
     assert raw.ready.frame is None
+
+
+def test_image_started_worlds_give_their_start_frame_in_ready(worlds) -> None:
+    with serving_in_thread(worlds) as server:
+        with Client(server.url, model="tiny-image", seed=4) as world:
+            start = world.ready.frame
+            assert start.shape == (32, 32, 3) and start.dtype == np.uint8
+            frames = world.step({"keys": ["w"]})  # the first step's chunk is its own, not the start
+            assert frames.shape == (4, 32, 32, 3) and world.core.received == 1
+            assert np.array_equal(world.reset(seed=4).frame, start)  # the same seed starts the same
+        g = sync_sdk.generate(server.url, model="tiny-image", chunks=1, seed=4)
+        assert np.array_equal(g.start, start) and [c.chunk for c in g.chunks] == [1] and len(g.frames) == 4
+
+    async def main():
+        async with connect(server.url, model="tiny-image", seed=4, mode="lockstep", codec="jpeg") as s:
+            assert s.ready.frame.shape == (32, 32, 3) and psnr(s.ready.frame, start) >= 35
+            assert (await s.step({})).shape == (4, 32, 32, 3)
+
+    with serving_in_thread(worlds) as server:
+        run(main())
 
 
 def test_async_lockstep_session(worlds) -> None:

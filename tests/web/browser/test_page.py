@@ -3,11 +3,16 @@ dropped socket and decodes both H.264 (WebCodecs) and JPEG. Mirrors web/static/m
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from tests.web.browser.harness import ClientPage, DropProxy, blank
+from web.sdk import connect
+from web.server import Server
 
 pytestmark = pytest.mark.browser
 
@@ -207,7 +212,24 @@ def test_models_picker_lists_the_server_models(open_page: OpenPage) -> None:
     page.page.select_option("#model", "tiny-image")
     page.page.click("#overlay")
     s = page.wait(f"{PLAYING} && s.chunksShown >= 3")
-    assert s["model"] == "tiny-image"  # image-started: chunk 1 is one frame
+    assert s["model"] == "tiny-image"
+
+
+def test_ready_frame_is_drawn_before_any_chunk(open_page: OpenPage, server: Server) -> None:
+    async def lockstep_session() -> tuple[str, np.ndarray]:
+        s = await connect(server.url, model="tiny-image", seed=4, mode="lockstep", codec="raw")
+        frames = await s.step({"keys": ["d"]})
+        await s.disconnect()  # detached, not closed: the page attaches to it
+        return s.ready.resume_token, frames[-1]
+
+    with ThreadPoolExecutor(1) as pool:  # Playwright's sync API holds this thread's event loop
+        token, last = pool.submit(asyncio.run, lockstep_session()).result(60)
+    page = open_page(f"?resume={token}&codec=raw")  # a lockstep world: no chunk comes by itself
+    s = page.wait(f"{PLAYING} && s.stillsShown === 1")
+    assert s["chunksShown"] == 0 and s["framesShown"] == 0, s
+    rgba = np.frombuffer(page.pixels(), np.uint8).reshape(32, 32, 4)
+    assert np.abs(rgba[..., :3].astype(int) - last.astype(int)).max() <= 2  # the latest committed frame
+    page.screenshot()
 
 
 def test_mouse_moves_are_sent_under_pointer_lock(open_page: OpenPage) -> None:
