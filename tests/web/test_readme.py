@@ -47,6 +47,13 @@ def test_the_readme_serves_the_default_world_and_has_sdk_examples() -> None:
     assert len(blocks("python")) >= 2
 
 
+def test_the_readme_says_how_to_get_cpu_torch_and_run_the_browser_tests() -> None:
+    quick_start = README.split("\n## ", 1)[0]  # the top section, where the test command is
+    assert "pytest -q" in quick_start
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in quick_start
+    assert "apt-get install chromium" in quick_start and "CI=true" in quick_start
+
+
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_python_example_runs_as_written(address: str, index: int) -> None:
     code = blocks("python")[index]
