@@ -208,7 +208,10 @@ export class Stream {
       }
       this.wasReconnecting = false;
       this.useCodec(msg.codec);
-      if (same && this.lastAck) this.conn.send(client.ack(this.lastAck)); // it may have been lost
+      // ack again what was shown: the last ack may have been lost with the socket, and a chunk
+      // shown while no socket was open was never acked (its re-sent copy is dropped as a duplicate)
+      const shown = Math.max(this.lastAck, state.chunk);
+      if (same && shown && this.conn.send(client.ack(shown))) this.lastAck = shown;
     }
     Object.assign(state, { sessionId: msg.session_id, resumeToken: msg.resume_token, model: msg.model.id });
     if (JSON.stringify(state.modelInfo) !== JSON.stringify(msg.model)) {
