@@ -33,7 +33,7 @@ from websockets.protocol import State
 
 from models.world import ModelSpec
 from sessions.errors import SessionError
-from sessions.events import ClosedEvent, ErrorEvent, SessionEvent
+from sessions.events import ClosedEvent, ErrorEvent, ReadyEvent, SessionEvent
 from sessions.session import Session, SessionStatus
 from web import codec, convert, metrics
 from web import messages as m
@@ -330,11 +330,10 @@ class Connection:
 
     def _attach(self, session: Session, encoder: FrameEncoder, info: m.CodecInfo) -> None:
         """Make ``session`` this connection's: `ready`, then retained unacked chunks, then live events."""
-        ready = convert.ready(session, info)
         self.hub.claim(session, self, info.name)
         self.session = session
-        self.pipeline.attach(encoder, ready)
-        self.pipeline.put(ready)
+        self.pipeline.attach(encoder, convert.ready(session, info))
+        self.pipeline.put(ReadyEvent(session.last_chunk, session.frame))  # `ready`, with the latest frame
         for event in session.activate(self.pipeline.put):  # nothing is emitted before it returns
             self.pipeline.put(event)
 
@@ -368,8 +367,9 @@ class Connection:
         spec = self.manager.models().get(model)
         if spec is None:
             raise ProtocolError(ErrorCode.NOT_FOUND, f"unknown model {model!r}", fatal=True)
-        encoder, _ = await self._encoder(msg.codec, spec)
-        self.pipeline.attach(encoder, None, lossless=True)  # a one-shot owes every frame
+        encoder, info = await self._encoder(msg.codec, spec)
+        # a one-shot owes every frame; it starts with `ready` (the manager's ReadyEvent) too
+        self.pipeline.attach(encoder, convert.oneshot_ready(spec, info), lossless=True)
         self.oneshot = asyncio.create_task(self._run_oneshot(msg), name="ws-oneshot")
 
     async def _run_oneshot(self, msg: m.Generate) -> None:

@@ -197,6 +197,7 @@ def test_token_is_enforced(worlds) -> None:
             await still_steps(ws)
             ws = await dial(server)
             await send(ws, m.Generate(chunks=1, token="s3cret"))
+            assert isinstance(await recv(ws), m.Ready)  # a one-shot starts with `ready`
             assert isinstance(await recv(ws), m.Frames)
 
     run(main())
@@ -223,13 +224,14 @@ def test_an_error_ends_a_oneshot(worlds) -> None:
             ws = await dial(server)
             await send(ws, m.Generate(chunks=3, actions=[[W], [W, W]]))  # chunk 2 takes 1 or 4 actions
             msgs = [msg for msg in await recv_until(ws, m.Closed) if not isinstance(msg, m.Frames)]
-            assert [type(msg) for msg in msgs] == [m.Error, m.Closed]
-            assert msgs[0].code is ErrorCode.INVALID_FIELD and msgs[0].fatal and msgs[0].seq == 1
-            assert msgs[0].message.startswith("actions: ") and msgs[1].reason == "error"
+            assert [type(msg) for msg in msgs] == [m.Ready, m.Error, m.Closed]
+            assert msgs[1].code is ErrorCode.INVALID_FIELD and msgs[1].fatal and msgs[1].seq == 1
+            assert msgs[1].message.startswith("actions: ") and msgs[2].reason == "error"
             await expect_close(ws, 1008)
 
             ws = await dial(server)  # a fatal protocol error during a one-shot ends it too
             await send(ws, m.Generate(chunks=50))
+            assert isinstance(await recv(ws), m.Ready)
             assert isinstance(await recv(ws), m.Frames)
             await ws.send(b"\x00" * (server.config.max_message + 1))
             msgs = []
