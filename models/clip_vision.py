@@ -66,7 +66,9 @@ class _Block(nn.Module):
         self.norm1 = nn.LayerNorm(cfg.dim, eps=cfg.eps)
         self.attn = _Attention(cfg.dim, cfg.num_heads)
         self.norm2 = nn.LayerNorm(cfg.dim, eps=cfg.eps)
-        self.mlp = nn.Sequential(nn.Linear(cfg.dim, hidden), nn.GELU(), nn.Linear(hidden, cfg.dim), nn.Dropout(0.0))
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.dim, hidden), nn.GELU(), nn.Linear(hidden, cfg.dim), nn.Dropout(0.0)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x.float()).type_as(x))

@@ -56,7 +56,10 @@ class MGActionConfig:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        parts = ((self.enable_keyboard, self.keyboard_hidden_dim, "keyboard"), (self.enable_mouse, self.mouse_hidden_dim, "mouse"))
+        parts = (
+            (self.enable_keyboard, self.keyboard_hidden_dim, "keyboard"),
+            (self.enable_mouse, self.mouse_hidden_dim, "mouse"),
+        )
         for enabled, width, what in parts:
             if enabled and width != self.heads_num * HEAD_DIM:
                 raise ValueError(f"{what}_hidden_dim {width} must be heads_num * {HEAD_DIM}")
@@ -102,7 +105,9 @@ class MGActionCache:
     mouse: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # (B*S, H, D) each
     keyboard: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # (B, H, D) each
 
-    def write(self, which: str, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, which: str, start: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store frames [start, start + n) of k, v (N, n, H, D); return the attended (N, <=limit, H, D)."""
         store = getattr(self, which)
         n = k.shape[1]
@@ -146,7 +151,9 @@ def window_actions(raw: torch.Tensor, start_frame: int, frames: int, ratio: int,
     """
     need = ratio * (start_frame + frames - 1)
     if raw.shape[1] < max(need, 1):
-        raise ValueError(f"actions cover {raw.shape[1]} raw frames; latent frame {start_frame + frames - 1} needs {need}")
+        raise ValueError(
+            f"actions cover {raw.shape[1]} raw frames; latent frame {start_frame + frames - 1} needs {need}"
+        )
     idx = torch.arange(ratio * window, device=raw.device)
     rows = torch.stack([ratio * (f - window) + idx for f in range(start_frame, start_frame + frames)])
     return raw[:, rows.clamp(min=0)]  # (B, frames, ratio*window, C)

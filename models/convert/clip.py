@@ -23,7 +23,9 @@ def target_shapes(cfg: CLIPVisionConfig) -> dict[str, Shape]:
 def key_map(keys: list[str], cfg: CLIPVisionConfig) -> KeyMap:
     """`visual.X` -> `X` for every tower key; text-tower keys are ignored on purpose."""
     out = KeyMap({PREFIX + k: k for k in target_shapes(cfg)})
-    out.ignored = {k: "text tower / logit scale: unused by image conditioning" for k in keys if k.startswith(IGNORED)}
+    out.ignored = {
+        k: "text tower / logit scale: unused by image conditioning" for k in keys if k.startswith(IGNORED)
+    }
     return out
 
 

@@ -24,7 +24,9 @@ class KeyMap:
 
     def update(self, other: KeyMap) -> None:
         """Merge another map into this one (keys must not collide)."""
-        clash = (set(self.rename) & set(other.rename)) | (set(self.rename.values()) & set(other.rename.values()))
+        clash = (set(self.rename) & set(other.rename)) | (
+            set(self.rename.values()) & set(other.rename.values())
+        )
         if clash:
             raise ValueError(f"key maps overlap: {sorted(clash)[:SHOWN]}")
         self.rename |= other.rename
@@ -36,7 +38,9 @@ def shape_of(value: torch.Tensor | Shape) -> Shape:
     return tuple(value.shape) if isinstance(value, torch.Tensor) else tuple(value)
 
 
-def check(source: Mapping[str, torch.Tensor | Shape], keymap: KeyMap, target: Mapping[str, Shape], what: str) -> None:
+def check(
+    source: Mapping[str, torch.Tensor | Shape], keymap: KeyMap, target: Mapping[str, Shape], what: str
+) -> None:
     """Raise `ConversionError` naming every missing, unexpected and mis-shaped key, or return."""
     unexpected = sorted(k for k in source if k not in keymap.rename and k not in keymap.ignored)
     produced = {keymap.rename[k]: k for k in source if k in keymap.rename}

@@ -91,8 +91,10 @@ _COMMON = {
     "action_window": "latent frame f sees raw action frames 4f-12..4f-1, front-padded with frame 0",
 }
 INFERENCE = {
-    "universal": _COMMON | {"denoising_step_list": [1000, 666, 333], "warped_timesteps": [1000.0, 908.8427, 713.9794]},
-    "gta_drive": _COMMON | {"denoising_step_list": [1000, 666, 333], "warped_timesteps": [1000.0, 908.8427, 713.9794]},
+    "universal": _COMMON
+    | {"denoising_step_list": [1000, 666, 333], "warped_timesteps": [1000.0, 908.8427, 713.9794]},
+    "gta_drive": _COMMON
+    | {"denoising_step_list": [1000, 666, 333], "warped_timesteps": [1000.0, 908.8427, 713.9794]},
     "templerun": _COMMON
     | {"denoising_step_list": [1000, 750, 500, 250], "warped_timesteps": [1000.0, 937.5, 833.3333, 625.0]},
 }
@@ -135,7 +137,9 @@ def detect_variant(state: dict[str, torch.Tensor | Shape]) -> str:
         a = cfg["action_config"]
         if a["keyboard_dim_in"] == width and a["enable_mouse"] == mouse:
             return name
-    raise ConversionError(f"keyboard width {width} with mouse={mouse} matches no published variant; pass --config")
+    raise ConversionError(
+        f"keyboard width {width} with mouse={mouse} matches no published variant; pass --config"
+    )
 
 
 def action_config(original: dict) -> MGActionConfig:
@@ -166,7 +170,9 @@ def target_shapes(original: dict) -> dict[str, Shape]:
     with torch.device("meta"):
         dit = WanTransformer3DModel(**dit_diffusers_config(original))
         action = MGActionModule(action_config(original))
-    out = {k: v for k, v in module_shapes(dit).items() if not k.startswith("condition_embedder.text_embedder.")}
+    out = {
+        k: v for k, v in module_shapes(dit).items() if not k.startswith("condition_embedder.text_embedder.")
+    }
     for i in original["action_config"]["blocks"]:
         out |= {f"blocks.{i}.action_model.{k}": v for k, v in module_shapes(action).items()}
     return out
@@ -182,7 +188,9 @@ def key_map(original: dict) -> KeyMap:
         keymap.rename |= {f"blocks.{i}.action_model.{n}": f"blocks.{i}.action_model.{n}" for n in names}
         for norm, switch in UNUSED_NORMS.items():
             if a.get(switch, True) and a.get("qk_norm", True):
-                keymap.ignored[f"blocks.{i}.action_model.{norm}.weight"] = "RMSNorm weight the original never applies"
+                keymap.ignored[f"blocks.{i}.action_model.{norm}.weight"] = (
+                    "RMSNorm weight the original never applies"
+                )
     return wan_dit.prefixed(keymap, PREFIX)
 
 

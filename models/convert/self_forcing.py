@@ -64,7 +64,9 @@ def model_config(original: dict) -> CausalWanConfig:
     if o.get("model_type", "t2v") != "t2v":
         raise ConversionError(f"Self-Forcing checkpoints are text-to-video; config says {o['model_type']!r}")
     if list(o["patch_size"]) != [1, 2, 2]:
-        raise ConversionError(f"patch_size {o['patch_size']} is not supported (causal caching needs (1, 2, 2))")
+        raise ConversionError(
+            f"patch_size {o['patch_size']} is not supported (causal caching needs (1, 2, 2))"
+        )
     span = TRAINED_FRAMES if o["local_attn_size"] == -1 else int(o["local_attn_size"])
     sink = int(o["sink_size"])
     if sink >= span:

@@ -29,7 +29,12 @@ WAN21_VAE_CONFIG = {
     "temperal_downsample": [False, True, True],
     "dropout": 0.0,
 }
-_RESIDUAL = {"residual.0.gamma": "norm1.gamma", "residual.2": "conv1", "residual.3.gamma": "norm2.gamma", "residual.6": "conv2"}
+_RESIDUAL = {
+    "residual.0.gamma": "norm1.gamma",
+    "residual.2": "conv1",
+    "residual.3.gamma": "norm2.gamma",
+    "residual.6": "conv2",
+}
 _TOP = {
     "conv1": "quant_conv",
     "conv2": "post_quant_conv",
@@ -59,7 +64,12 @@ def rename(key: str, num_res_blocks: int = 2) -> str | None:
     parts = key.split(".")
     if len(parts) < 4:
         return None
-    side, group, idx, rest = parts[0], parts[1], int(parts[2]) if parts[2].isdigit() else -1, ".".join(parts[3:])
+    side, group, idx, rest = (
+        parts[0],
+        parts[1],
+        int(parts[2]) if parts[2].isdigit() else -1,
+        ".".join(parts[3:]),
+    )
     if side not in ("encoder", "decoder") or idx < 0:
         return None
     if group == "middle":
@@ -121,5 +131,7 @@ def convert(path: Path, config: dict | None = None) -> tuple[dict[str, torch.Ten
     """(AutoencoderKLWan state dict, its config) from an original `Wan2.1_VAE.pth`."""
     state = read_state(path)
     c = WAN21_VAE_CONFIG | (config or {})
-    out = apply(state, key_map(list(state), c["num_res_blocks"]), target_shapes(config), f"wan vae {path.name}")
+    out = apply(
+        state, key_map(list(state), c["num_res_blocks"]), target_shapes(config), f"wan vae {path.name}"
+    )
     return out, diffusers_config(config)

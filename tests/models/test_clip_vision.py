@@ -26,7 +26,9 @@ def _tiny() -> tuple[CLIPVision, dict]:
         eps=c["norm_eps"],
     )
     model = CLIPVision(cfg).eval()
-    model.load_state_dict({k[len("visual.") :]: v for k, v in g.items() if k.startswith("visual.")}, strict=True)
+    model.load_state_dict(
+        {k[len("visual.") :]: v for k, v in g.items() if k.startswith("visual.")}, strict=True
+    )
     return model, g
 
 

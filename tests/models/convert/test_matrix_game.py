@@ -4,7 +4,6 @@ converted tiny golden checkpoint's action module reproduces the original."""
 import json
 
 import pytest
-import torch
 
 from models.convert import matrix_game
 from models.convert.keymap import ConversionError
@@ -36,7 +35,7 @@ def test_published_configs_match_upstream_files_via_the_fixture() -> None:
 
 
 def test_wrong_variant_config_is_rejected_with_the_keys() -> None:
-    with pytest.raises(ConversionError, match="keyboard_embed.0.weight"):
+    with pytest.raises(ConversionError, match=r"keyboard_embed\.0\.weight"):
         matrix_game.check_shapes(_table("matrix_game_2_gta_drive"), matrix_game.PUBLISHED["universal"])
 
 
@@ -47,8 +46,10 @@ def test_converted_tiny_checkpoint_loads_the_action_module(variant: str) -> None
     assert name == "custom" and "condition_embedder.image_embedder.ff.net.0.proj.weight" in state
     module = MGActionModule(matrix_game.action_config(cfg))
     prefix = "blocks.0.action_model."
-    module.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, strict=True)
-    g, rmeta = load_golden(f"matrix_game_{variant}_rollout")
+    module.load_state_dict(
+        {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, strict=True
+    )
+    g, _rmeta = load_golden(f"matrix_game_{variant}_rollout")
     cache = module.new_cache()
     x = g["action0.in.c0.s0"]
     out = module(x, (3, 2, 3), 0, cache, g["keyboard"][:, :9], g["mouse"][:, :9] if "mouse" in g else None)

@@ -85,12 +85,16 @@ def test_converted_golden_replays_the_original_rollout() -> None:
 def test_picks_generator_ema() -> None:
     """The converter picks generator_ema (the two state dicts differ in the fixture)."""
     ema = torch.load(GOLDEN / "self_forcing_tiny.pt", weights_only=True)
-    assert not torch.equal(ema["generator"]["model.head.head.weight"], ema["generator_ema"]["model.head.head.weight"])
+    assert not torch.equal(
+        ema["generator"]["model.head.head.weight"], ema["generator_ema"]["model.head.head.weight"]
+    )
     _g, meta = load_golden("self_forcing_rollout")
     state, _ = self_forcing.convert(GOLDEN / "self_forcing_tiny.pt", meta["config"])
     assert torch.equal(state["proj_out.weight"], ema["generator_ema"]["model.head.head.weight"])
 
 
 def test_published_sizes_are_checked_against_the_weights() -> None:
-    with pytest.raises(ConversionError, match=r"mis-shaped .*\(64, 64\) -> blocks.0.attn1.to_k.weight \(1536, 1536\)"):
+    with pytest.raises(
+        ConversionError, match=r"mis-shaped .*\(64, 64\) -> blocks.0.attn1.to_k.weight \(1536, 1536\)"
+    ):
         self_forcing.convert(GOLDEN / "self_forcing_tiny.pt")  # tiny weights, published 1.3B config

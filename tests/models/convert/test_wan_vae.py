@@ -12,7 +12,9 @@ from tests.fixtures.golden import GOLDEN
 
 
 def _table() -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v) for k, v in json.loads((GOLDEN / "original_keys.json").read_text())["wan21_vae"].items()}
+    return {
+        k: tuple(v) for k, v in json.loads((GOLDEN / "original_keys.json").read_text())["wan21_vae"].items()
+    }
 
 
 def test_full_size_maps_strictly() -> None:
@@ -30,5 +32,7 @@ def test_unknown_and_missing_keys_are_named() -> None:
     table = _table()
     table["decoder.extra.0.weight"] = (1,)
     del table["encoder.conv1.weight"]
-    with pytest.raises(ConversionError, match=r"missing 1: encoder.conv_in.weight.*unexpected 1: decoder.extra.0.weight"):
+    with pytest.raises(
+        ConversionError, match=r"missing 1: encoder.conv_in.weight.*unexpected 1: decoder.extra.0.weight"
+    ):
         wan_vae.check_shapes(table)
