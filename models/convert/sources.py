@@ -22,10 +22,14 @@ def read_state(path: Path, pick: tuple[str, ...] = ()) -> dict[str, torch.Tensor
     if path.suffix == ".safetensors":
         with safe_open(str(path), "pt") as f:
             return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not iterable
-    try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    except Exception as exc:  # torch raises several types for non-checkpoints
-        raise ConversionError(f"{path}: not a safetensors file or torch checkpoint ({exc})") from exc
+    obj = None
+    for mmap in (True, False):  # mmap needs the zipfile format; older pickles load without it
+        try:
+            obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+            break
+        except Exception as exc:  # torch raises several types for non-checkpoints
+            if not mmap:
+                raise ConversionError(f"{path}: not a safetensors file or torch checkpoint ({exc})") from exc
     if not isinstance(obj, dict):
         raise ConversionError(f"{path}: expected a dict of tensors, found {type(obj).__name__}")
     for key in pick:
