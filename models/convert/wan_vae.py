@@ -21,7 +21,7 @@ from models.convert.sources import read_state
 
 # AutoencoderKLWan defaults are Wan 2.1's VAE; the z statistics are the original wrapper's.
 WAN21_VAE_CONFIG = {
-    "base_dim": 96,
+    "dim": 96,  # original WanVAE_ kwargs
     "z_dim": 16,
     "dim_mult": [1, 2, 4, 4],
     "num_res_blocks": 2,
@@ -113,7 +113,7 @@ def diffusers_config(config: dict | None = None) -> dict:
     if c["attn_scales"]:
         raise ConversionError(f"VAE attn_scales {c['attn_scales']} are not supported by AutoencoderKLWan")
     return {
-        "base_dim": c["base_dim"],
+        "base_dim": c["dim"],
         "z_dim": c["z_dim"],
         "dim_mult": list(c["dim_mult"]),
         "num_res_blocks": c["num_res_blocks"],
