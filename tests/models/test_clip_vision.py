@@ -54,3 +54,18 @@ def test_full_checkpoint_maps_strictly() -> None:
     del table["visual.pos_embedding"]
     with pytest.raises(ConversionError, match="missing 1: pos_embedding"):
         clip.check_shapes(table)
+
+
+def test_convert_reads_a_checkpoint_and_drops_the_text_tower(tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    model, g = _tiny()
+    src = tmp_path / "clip.safetensors"
+    tensors = {k: v for k, v in g.items() if k.startswith("visual.")}
+    save_file(
+        tensors | {"textual.token_embedding.weight": torch.zeros(4, 2), "log_scale": torch.zeros(())},
+        str(src),
+    )
+    state = clip.convert(src, model.cfg)
+    assert state.keys() == model.state_dict().keys()
+    assert torch.equal(state["pos_embedding"], g["visual.pos_embedding"])
