@@ -32,7 +32,7 @@ from tqdm import tqdm
 from models.clip_vision import CLIPVisionConfig
 from models.convert import clip, fastvideo, matrix_game, self_forcing, wan_vae
 from models.convert.keymap import ConversionError
-from models.convert.sources import read_state
+from models.convert.sources import list_keys
 
 KINDS = ("self-forcing", "matrix-game-2", "fastvideo")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -61,7 +61,7 @@ def classify(path: Path) -> str:
     """What a source file is: "transformer", "vae" or "clip" (directories are transformers)."""
     if path.is_dir():
         return "transformer"
-    keys = read_state(path, self_forcing.PICK).keys()
+    keys = set(list_keys(path, self_forcing.PICK))
     if any(k.startswith(("visual.", "textual.")) for k in keys):
         return "clip"
     if "encoder.conv1.weight" in keys and "decoder.conv1.weight" in keys:

@@ -44,3 +44,11 @@ def read_state(path: Path, pick: tuple[str, ...] = ()) -> dict[str, torch.Tensor
     if bad:
         raise ConversionError(f"{path}: entries that are not tensors: {bad[:8]}")
     return dict(obj)
+
+
+def list_keys(path: Path, pick: tuple[str, ...] = ()) -> list[str]:
+    """The tensor names of a checkpoint file (safetensors: read from the header only)."""
+    if path.suffix == ".safetensors" and path.is_file():
+        with safe_open(str(path), "pt") as f:
+            return list(f.keys())
+    return list(read_state(path, pick))  # torch pickles load memory-mapped
