@@ -2,6 +2,7 @@
 
     worldserve serve    [--host 127.0.0.1] [--port 8000] [--model NAME]... [--device cpu] [...]
     worldserve generate [--model NAME] [--seed 0] [--chunks N] [--actions "d*16,a*16"] --out run.mp4
+                        (both: [--decoder taehv:PATH] decodes with TAEHV weights from a local file)
     worldserve models
     worldserve convert --from self-forcing|matrix-game-2|fastvideo SRC... [--config FILE] --out DIR
 
@@ -29,7 +30,7 @@ from models import registry
 from models.actions import FrameAction
 from models.game import parse_action_script
 from models.world import World
-from sessions.events import FramesEvent, SessionEvent
+from sessions.events import FramesEvent, ReadyEvent, SessionEvent
 from sessions.manager import OpenParams
 from web import convertcli
 from web.app import DTYPES, Runtime, load_worlds
@@ -116,11 +117,17 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="(default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--decoder", default=None, help="taehv:PATH: decode with TAEHV (taew2_1) weights from a local file"
+    )
 
 
 def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World] | None:
     try:
-        return load_worlds(names, args.device, args.dtype)
+        worlds = load_worlds(names, args.device, args.dtype)
+        if args.decoder:
+            worlds = {k: registry.with_decoder(w, args.decoder) for k, w in worlds.items()}
+        return worlds
     except (KeyError, OSError, ValueError) as exc:
         print(f"worldserve: cannot load {', '.join(names)}: {exc}", file=sys.stderr)
         print(
@@ -225,11 +232,13 @@ async def _run_oneshot(
     runtime = Runtime.start(worlds)
     writer = Mp4Writer(out, spec.width, spec.height, spec.fps)
     disk = ThreadPoolExecutor(1, thread_name_prefix="worldserve-mp4")  # one thread: chunks stay in order
-    bar = tqdm(total=len(actions) + (1 if spec.image_start else 0), unit="chunk", desc=spec.id)
+    bar = tqdm(total=len(actions), unit="chunk", desc=spec.id)
     loop = asyncio.get_running_loop()
     writes: list[asyncio.Future[None]] = []
 
     def sink(event: SessionEvent) -> None:
+        if isinstance(event, ReadyEvent) and event.frame is not None:  # the start image is frame 0
+            writes.append(loop.run_in_executor(disk, writer.write, event.frame[None]))
         if isinstance(event, FramesEvent):
             writes.append(loop.run_in_executor(disk, writer.write, event.frames))
             bar.update(1)
