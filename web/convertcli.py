@@ -37,7 +37,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Convert; print what was written and what serving it still needs. Exit 2 on failure."""
     try:
-        conv = convert_sources(args.kind, list(args.sources), load_config_file(args.config))
+        conv = convert_sources(
+            args.kind, list(args.sources), load_config_file(args.config), progress=not args.no_progress
+        )
         out = write(conv, args.out, progress=not args.no_progress)
     except (ConversionError, OSError) as exc:
         print(f"worldserve convert: {exc}", file=sys.stderr)

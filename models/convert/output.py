@@ -69,7 +69,9 @@ def classify(path: Path) -> str:
     return "transformer"
 
 
-def convert_sources(kind: str, sources: list[Path], original: dict | None = None) -> Converted:
+def convert_sources(
+    kind: str, sources: list[Path], original: dict | None = None, progress: bool = False
+) -> Converted:
     """Read, map and check every source (nothing is written)."""
     if kind not in KINDS:
         raise ConversionError(f"unknown --from {kind!r}; known: {', '.join(KINDS)}")
@@ -81,9 +83,12 @@ def convert_sources(kind: str, sources: list[Path], original: dict | None = None
         parts[role] = src
     if "transformer" not in parts:
         raise ConversionError("no transformer checkpoint among the sources")
+    bar = tqdm(total=len(parts), unit="file", desc="read + check", disable=not progress)
     conv = _transformer(kind, parts["transformer"], original)
+    bar.update(1)
     if "vae" in parts:
         conv.vae = wan_vae.convert(parts["vae"])
+        bar.update(1)
     else:
         conv.requires.append("vae")
     if "clip" in parts:
@@ -91,8 +96,10 @@ def convert_sources(kind: str, sources: list[Path], original: dict | None = None
             raise ConversionError(f"{parts['clip']}: a CLIP checkpoint only belongs to Matrix-Game worlds")
         cfg = CLIPVisionConfig()
         conv.clip = (clip.convert(parts["clip"], cfg), cfg.to_dict())
+        bar.update(1)
     elif conv.family == "matrix-game-2":
         conv.requires.append("clip_vision")
+    bar.close()
     conv.sources = [{"file": p.name, "role": r} for r, p in parts.items()]
     if conv.vae is not None and conv.family == "self-forcing":
         conv.serving["decoder"] = {"kind": "wan"}
