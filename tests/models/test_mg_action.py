@@ -24,7 +24,7 @@ def _module(variant: str) -> tuple[MGActionModule, dict, dict]:
     return module, rollout, rmeta
 
 
-@pytest.mark.parametrize("variant", ["universal", "templerun"])
+@pytest.mark.parametrize("variant", ["universal", "templerun", "gta_drive"])
 def test_reproduces_the_original_over_a_rollout(variant: str) -> None:
     """Every call of block 0's action module in the original 3-chunk rollout (3-4 denoising steps
     and the context pass per chunk, the caches rolling past the 6-frame window) within 1e-4."""

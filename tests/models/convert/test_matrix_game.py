@@ -40,7 +40,7 @@ def test_wrong_variant_config_is_rejected_with_the_keys() -> None:
         matrix_game.check_shapes(_table("matrix_game_2_gta_drive"), matrix_game.PUBLISHED["universal"])
 
 
-@pytest.mark.parametrize("variant", ["universal", "templerun"])
+@pytest.mark.parametrize("variant", ["universal", "templerun", "gta_drive"])
 def test_converted_tiny_checkpoint_loads_the_action_module(variant: str) -> None:
     _w, meta = load_golden(f"matrix_game_{variant}_tiny")
     state, name, cfg = matrix_game.convert(GOLDEN / f"matrix_game_{variant}_tiny.safetensors", meta["config"])
@@ -74,7 +74,7 @@ class _ActionAdapter(torch.nn.Module):
         return self.module(x, self.grid, frame_offsets[0], self.cache, self.keyboard, self.mouse)
 
 
-@pytest.mark.parametrize("variant", ["universal", "templerun"])
+@pytest.mark.parametrize("variant", ["universal", "templerun", "gta_drive"])
 def test_converted_golden_replays_the_original_rollout(variant: str) -> None:
     """Converted tiny checkpoint through our causal blocks + the image embedder + the action
     module: every x0 of the original 3-chunk rollout (window 6, eviction in chunk 3) within 1e-4."""
