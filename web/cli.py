@@ -4,6 +4,7 @@
     worldserve generate [--model NAME] [--seed 0] [--chunks N] [--actions "d*16,a*16"] --out run.mp4
                         (both: [--decoder taehv:PATH] decodes with TAEHV weights from a local file)
     worldserve models
+    worldserve convert --from self-forcing|matrix-game-2|fastvideo SRC... [--config FILE] --out DIR
 
 ``serve`` loads the worlds (registry names or local model directories; the default is the
 registry's ``DEFAULT_MODEL``), starts the engine, the sessions and the websocket/HTTP endpoint,
@@ -31,6 +32,7 @@ from models.game import parse_action_script
 from models.world import World
 from sessions.events import FramesEvent, ReadyEvent, SessionEvent
 from sessions.manager import OpenParams
+from web import convertcli
 from web.app import DTYPES, Runtime, load_worlds
 from web.server import Server, ServerConfig
 from web.video import Mp4Writer
@@ -100,6 +102,7 @@ def _parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="list the registered worlds")
     models.set_defaults(run=_models)
+    convertcli.register(commands)  # web/convertcli.py
     return parser
 
 
