@@ -134,6 +134,7 @@ class ClientCore:
             self._frames(msg)
         elif isinstance(msg, m.Ready):
             self.ready = msg
+            self._decoder.set_scale(msg.codec.scale or 1)
             self._reply(("ready", None), msg)
         elif isinstance(msg, m.Cancelled):
             for key, seq in list(self._awaited.items()):
