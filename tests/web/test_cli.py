@@ -5,16 +5,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import av
 import pytest
+import torch
 
 from models import registry
 from models.registry import save_world
+from web import cli
 from web.cli import main, script_actions
 from web.errors import ServerError
 from web.sdk import Client
@@ -106,3 +110,77 @@ def test_serve_prints_the_url_and_stops_on_sigint() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- startup errors: one line, exit 2, before any model work -------------------------------------
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port another socket listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().split("\n")
+    assert len(lines) == 1 and lines[0].startswith("worldserve: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["serve", "--port", "99999"], "--port 99999"),
+        (["serve", "--port", "BUSY"], "in use"),
+        (["serve", "--device", "cuda"], "CUDA is not available"),
+        (["generate", "--device", "cuda:0"], "CUDA is not available"),
+        (["serve", "--device", "gpu"], "not a device"),
+        (["serve", "--threads", "0"], "--threads 0"),
+        (["generate", "--out", "MISSING/run.mp4"], "does not exist"),
+        (["generate", "--actions", "jump"], "--actions"),
+    ],
+)
+def test_startup_errors_are_one_line_before_any_model_work(
+    argv: list[str],
+    says: str,
+    busy_port: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def no_model_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a world was loaded before the settings were checked")
+
+    monkeypatch.setattr(cli, "load_worlds", no_model_work)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a GPU machine
+    argv = [str(busy_port) if a == "BUSY" else a.replace("MISSING", str(tmp_path / "missing")) for a in argv]
+    assert main(argv) == 2
+    assert says in one_error_line(capsys.readouterr().err)
+
+
+def test_device_defaults_to_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli._parser().parse_args(["serve"]).device == "auto"
+    assert cli._parser().parse_args(["generate"]).device == "auto"
+    loaded: list[str] = []
+
+    def load(names: object, device: str, dtype: str) -> None:
+        loaded.append(device)
+        raise OSError("stop here")  # reported as a load failure: exit 2
+
+    monkeypatch.setattr(cli, "load_worlds", load)
+    for cuda in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        assert main(["generate"]) == 2
+    assert loaded == ["cpu", "cuda"]
+
+
+def test_port_in_use_exits_2_with_one_line(busy_port: int) -> None:
+    cmd = [sys.executable, "-m", "web.cli", "serve", "--port", str(busy_port)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    line = one_error_line(done.stderr)
+    assert f"127.0.0.1:{busy_port}" in line and done.stdout == ""
