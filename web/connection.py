@@ -267,11 +267,14 @@ class Connection:
         if self.debug:
             log.debug("= session %s resumed at chunk %d", session.id, session.last_chunk)
 
-    async def _encoder(self, name: m.Codec, spec: ModelSpec) -> tuple[FrameEncoder, m.CodecInfo]:
-        """A fresh encoder and its `ready.codec`, built in the pool (H.264 probes an encode)."""
+    async def _encoder(
+        self, name: m.Codec, spec: ModelSpec, scaled: bool = True
+    ) -> tuple[FrameEncoder, m.CodecInfo]:
+        """A fresh encoder and its `ready.codec`, built in the pool (H.264 probes an encode);
+        ``scaled``: see make_encoder."""
 
         def build() -> tuple[FrameEncoder, m.CodecInfo]:
-            encoder = make_encoder(name, spec.width, spec.height, spec.fps)
+            encoder = make_encoder(name, spec.width, spec.height, spec.fps, scaled=scaled)
             return encoder, encoder.info
 
         try:
@@ -318,7 +321,8 @@ class Connection:
         spec = self.manager.models().get(model)
         if spec is None:
             raise ProtocolError(ErrorCode.NOT_FOUND, f"unknown model {model!r}", fatal=True)
-        encoder, _ = await self._encoder(msg.codec, spec)
+        # No `ready` tells a one-shot client `codec.scale`, so its H.264 is coded at model size.
+        encoder, _ = await self._encoder(msg.codec, spec, scaled=False)
         self.pipeline.attach(encoder, None, lossless=True)  # a one-shot owes every frame
         self.oneshot = asyncio.create_task(self._run_oneshot(msg), name="ws-oneshot")
 

@@ -260,10 +260,13 @@ def h264_settings(width: int, height: int) -> tuple[int, int]:
     return scale, H264_CRF[scale]
 
 
-def make_encoder(codec: Codec, width: int, height: int, fps: float) -> FrameEncoder:
-    """A fresh encoder for one session, with the default settings of its codec."""
+def make_encoder(codec: Codec, width: int, height: int, fps: float, *, scaled: bool = True) -> FrameEncoder:
+    """A fresh encoder for one session, with the default settings of its codec.
+
+    ``scaled`` False: H.264 at the model's size whatever it is, for a stream whose client is not
+    told ``ready.codec.scale``."""
     if codec == "h264":
-        scale, crf = h264_settings(width, height)
+        scale, crf = h264_settings(width, height) if scaled else (1, H264_CRF[1])
         return H264Encoder(width, height, fps, crf=crf, scale=scale)
     if codec == "jpeg":
         return JpegEncoder()

@@ -250,7 +250,7 @@ def test_h264_frames_decode_close_to_the_raw_frames(worlds) -> None:
             connect(server.url, model="smooth", seed=5, mode="lockstep", codec="raw") as raw,
             connect(server.url, model="smooth", seed=5, mode="lockstep", codec="h264") as h264,
         ):
-            assert h264.ready.codec.codec == "avc1.42c00a"
+            assert h264.ready.codec.codec == "avc1.42c00a" and h264.ready.codec.scale == 4  # 128x128 coded
             exact = np.concatenate([await raw.step(a) for a in script])
             decoded = np.concatenate([await h264.step(a) for a in script])
         assert decoded.shape == exact.shape == (23, 32, 32, 3)
