@@ -12,9 +12,9 @@ parallelism. Frames in are (T, H, W, 3) uint8 RGB, committed frames only.
   asks for another (on request, after a drop). ``codec_string`` is the WebCodecs
   ``avc1.PPCCLL`` read from the SPS the encoder writes. Small worlds are coded upscaled
   (:func:`h264_settings`): 4:2:0 chroma at 64x64 halves the colour resolution of pixel art
-  (28.5 dB on tiny-world); a nearest-neighbour 2x frame keeps every pixel's colour in its own
-  chroma sample (40 dB at the same bytes). ``ready.codec.scale`` tells the client, whose decoder
-  averages each scale x scale block back to the model's size.
+  (28.6 dB on tiny-world); coded at 2x with each pixel's colour in its own chroma sample
+  (web.yuv) it is 42.5 dB at 1.4x the bytes (benchmarks/h264_small.py). ``ready.codec.scale``
+  tells the client, whose decoder averages each scale x scale block back to the model's size.
 * JPEG: Pillow (libjpeg-turbo); measured faster than PyAV's mjpeg (0.06 vs 0.08 ms at 64x64,
   0.69 vs 1.21 ms at 640x360, one thread). Every frame is a keyframe.
 * Raw: the uint8 array itself; the codec packs it as a wire array.
@@ -37,6 +37,7 @@ from PIL import Image
 
 from web.errors import MediaError
 from web.messages import Codec, CodecInfo, Frames
+from web.yuv import rgb_to_yuv420, yuv420_to_rgb
 
 __all__ = [
     "ChunkDecoder",
@@ -64,8 +65,9 @@ _START_CODE = re.compile(b"\x00\x00\x01")
 # Worlds whose shorter side is below this many pixels are coded upscaled (see h264_settings).
 H264_MIN_SIDE = 128
 # CRF per coding scale: an upscaled frame is flat in each block, so it holds its quality with
-# fewer bits per pixel; these keep a scaled stream's bytes near the unscaled CRF-18 stream's.
-H264_CRF = {1: 18, 2: 23, 4: 26}
+# fewer bits per pixel; at 2x, CRF 21 is 1.4x the bytes of the unscaled CRF-18 stream (the
+# limit we set is 2x) for 42.5 dB (benchmarks/h264_small.py).
+H264_CRF = {1: 18, 2: 21, 4: 26}
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class H264Encoder(FrameEncoder):
     ``keyint``: most frames between IDRs (default 10 s of video; more come on request).
     ``threads``: libx264's thread count. ``scale``: frames (``width`` x ``height``, the model's
     size) are coded at ``scale`` times that size, each pixel a scale x scale block (1, 2 or 4:
-    even factors keep each block's colour in whole 4:2:0 chroma samples). The coded width and
+    even factors give each pixel whole 4:2:0 chroma samples; see web.yuv). The coded width and
     height must be even; odd ones raise MediaError rather than being padded, which would change
     the decoded size.
     """
@@ -177,9 +179,10 @@ class H264Encoder(FrameEncoder):
         """One Annex-B access unit per frame, with whether it is an IDR (SPS/PPS in front)."""
         out = []
         for rgb in _check_frames(frames, (self.height, self.width)):
-            if self.scale > 1:
-                rgb = rgb.repeat(self.scale, axis=0).repeat(self.scale, axis=1)
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")  # converted to yuv420p in encode
+            if self.scale > 1:  # our own conversion: each pixel's colour in its own chroma samples
+                frame = av.VideoFrame.from_ndarray(rgb_to_yuv420(rgb, self.scale), format="yuv420p")
+            else:
+                frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")  # converted to yuv420p in encode
             frame.pts = self._pts
             if self._force_key:
                 frame.pict_type = PictureType.I
@@ -314,7 +317,7 @@ class H264Decoder:
     Units before the first IDR are skipped (returns no frames), so a decoder can join a stream
     at any keyframe, e.g. after frames were dropped. ``scale`` (``ready.codec.scale``): the
     stream is coded at that multiple of the model's size; each scale x scale block is averaged
-    back into one pixel, so frames come out at the model's size.
+    back into one pixel (web.yuv), so frames come out at the model's size.
     """
 
     def __init__(self, *, threads: int = 1, scale: int = 1) -> None:
@@ -338,17 +341,12 @@ class H264Decoder:
             raise MediaError(f"H.264 decode failed: {exc}") from exc
         # swscale's own thread pool costs more than it saves on small frames, and on a busy machine
         # the caller waits for its workers to be scheduled (measured: 4 ms for a 64x64 frame).
-        return [self._downscale(frame.to_ndarray(format="rgb24", threads=self._threads)) for frame in frames]
-
-    def _downscale(self, rgb: np.ndarray) -> np.ndarray:
-        k = self.scale
-        if k == 1:
-            return rgb
-        h, w, _ = rgb.shape
-        if h % k or w % k:
-            raise MediaError(f"a {w}x{h} frame is not coded at scale {k}")
-        blocks = rgb.reshape(h // k, k, w // k, k, 3).mean(axis=(1, 3), dtype=np.float32)
-        return np.rint(blocks).astype(np.uint8)
+        if self.scale == 1:
+            return [frame.to_ndarray(format="rgb24", threads=self._threads) for frame in frames]
+        try:
+            return [yuv420_to_rgb(frame.to_ndarray(format="yuv420p"), self.scale) for frame in frames]
+        except ValueError as exc:
+            raise MediaError(str(exc)) from exc
 
 
 def decode_jpeg(data: bytes) -> np.ndarray:
