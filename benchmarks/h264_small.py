@@ -1,7 +1,7 @@
 """H.264 quality and bytes on the default world's real frames: the old setting vs the session encoder.
 
-The frames are the model's own: `--seeds` tiny-world sessions (start frame + `--chunks` chunks,
-each holding one of d/s/a/w in turn) through the Engine. Each seed's frames are one H.264 stream
+The frames are the model's own: `--seeds` tiny-world sessions (`--chunks` generated chunks, each
+holding one of d/s/a/w in turn) through the Engine. Each seed's frames are one H.264 stream
 (one session), encoded with
 
 * `old`: libx264 at the model's size, CRF 18 (the setting before codec scaling);
@@ -11,7 +11,7 @@ each holding one of d/s/a/w in turn) through the Engine. Each seed's frames are 
 and compared with the raw frames: PSNR per frame (mean and worst over all frames), total bytes,
 and encode CPU ms per frame (one thread).
 
-    python benchmarks/h264_small.py [--model tiny-world] [--seeds 6] [--chunks 7]
+    python benchmarks/h264_small.py [--model tiny-world] [--seeds 6] [--chunks 8]
 
 Prints and writes benchmarks/results/h264_small.json.
 """
@@ -52,8 +52,6 @@ def render(model: str, seed: int, chunks: int) -> np.ndarray:
     world = from_name(model)
     engine = Engine({world.config.id: world}, max_batch=1)
     engine.add_stream("s", world.config.id, Conditioning(seed=seed))
-    if world.config.image_start:
-        engine.submit(ChunkRequest("s", engine.new_request_id()))
     keys = "dsaw"
     for i in range(chunks):
         actions = [FrameAction(frozenset({keys[i % 4]}))] * world.chunk_frames
@@ -87,7 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--seeds", type=int, default=6)
-    parser.add_argument("--chunks", type=int, default=7, help="chunks per session (the Engine queues 8)")
+    parser.add_argument("--chunks", type=int, default=8, help="chunks per session (the Engine queues 8)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     runs: dict[str, list[dict]] = {"old": [], "new": []}

@@ -4,8 +4,7 @@ A world frame coded at ``scale`` (2 or 4) times its size, each pixel a scale x s
 has at least one 4:2:0 chroma sample per pixel. Converting here (rather than upscaling RGB and
 letting swscale subsample) puts each pixel's own colour in its chroma samples, with no
 filter mixing in the neighbours' colours; the way back averages each block's luma and chroma
-and converts at the frame's size. Measured on tiny-world frames at 2x: 41.4 dB mean vs 38.0 dB
-through swscale, same bytes (benchmarks/h264_small.py).
+and converts at the frame's size (benchmarks/h264_small.py measures the whole path).
 
 Colours are BT.601, limited range: what the encoder's SPS signals (SMPTE 170M, MPEG range).
 """

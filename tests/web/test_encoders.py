@@ -61,8 +61,8 @@ def natural_frames(n: int, height: int, width: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def tiny_world_frames() -> np.ndarray:
-    """29 frames of the default world (`tiny-world`, 64x64 pixel art) as the model renders them:
-    its start frame and 7 chunks under held keys (the Engine queues at most 8), through the Engine."""
+    """32 frames of the default world (`tiny-world`, 64x64 pixel art) as the model renders them:
+    8 chunks under held keys (the Engine queues at most 8), through the Engine."""
     from models.actions import FrameAction
     from models.registry import DEFAULT_MODEL, from_name
     from models.world import Conditioning
@@ -72,8 +72,7 @@ def tiny_world_frames() -> np.ndarray:
     world = from_name(DEFAULT_MODEL)
     engine = Engine({world.config.id: world}, max_batch=1)
     engine.add_stream("s", world.config.id, Conditioning(seed=3))
-    engine.submit(ChunkRequest("s", engine.new_request_id()))
-    for key in "dssaaww":
+    for key in "ddssaaww":
         engine.submit(ChunkRequest("s", engine.new_request_id(), actions=[FrameAction(frozenset({key}))] * 4))
     parts: dict[int, np.ndarray] = {}
     with torch.no_grad():
@@ -118,7 +117,7 @@ def test_h264_keeps_the_default_worlds_pixel_art(tiny_world_frames: np.ndarray) 
     # 4:2:0 chroma at 64x64 smears pixel-art colour edges (28.5 dB at CRF 18); the session
     # encoder codes an upscaled frame instead, at no more than twice the bytes.
     frames = tiny_world_frames
-    assert frames.shape == (29, 64, 64, 3)
+    assert frames.shape == (32, 64, 64, 3)
     old, old_bytes = decode_all(H264Encoder(64, 64, 16, crf=18), frames)  # the previous setting
     encoder = make_encoder("h264", 64, 64, 16)
     assert isinstance(encoder, H264Encoder)
