@@ -2,6 +2,7 @@
 
     worldserve serve    [--host 127.0.0.1] [--port 8000] [--model NAME]... [--device auto] [...]
     worldserve generate [--model NAME] [--seed 0] [--chunks N] [--actions "d*16,a*16"] --out run.mp4
+                        (both: [--decoder taehv:PATH] decodes with TAEHV weights from a local file)
     worldserve models
 
 ``serve`` loads the worlds (registry names or local model directories; the default is the
@@ -126,11 +127,17 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
     )
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="(default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--decoder", default=None, help="taehv:PATH: decode with TAEHV (taew2_1) weights from a local file"
+    )
 
 
 def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World] | None:
     try:
-        return load_worlds(names, args.device, args.dtype)
+        worlds = load_worlds(names, args.device, args.dtype)
+        if args.decoder:
+            worlds = {k: registry.with_decoder(w, args.decoder) for k, w in worlds.items()}
+        return worlds
     except (KeyError, OSError, ValueError) as exc:
         print(f"worldserve: cannot load {', '.join(names)}: {exc}", file=sys.stderr)
         print(
