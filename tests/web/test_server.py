@@ -1,5 +1,5 @@
 """web/server.py end to end: a real server on loopback, raw protocol clients, every message type,
-resume after a dropped socket, fork, one-shot, H.264 quality, and a stalled client."""
+resume after a dropped socket, fork, one-shot, H.264 quality, a stalled client, and shutdown."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from websockets.exceptions import ConnectionClosed
 
 from web import messages as m
 from web.sdk import attach, connect
+from web.server import Server, ServerConfig
 
 from .conftest import dial, psnr, recv, recv_until, run, send, serving
 
@@ -280,5 +281,40 @@ def test_a_client_that_never_reads_does_not_stall_another(worlds) -> None:
                 await asyncio.sleep(0.1)
             assert DROPPED_FRAMES.labels("raw")._value.get() > before
             stalled.transport.abort()
+
+    run(main())
+
+
+def test_stop_tells_sessions_and_one_shots_and_cuts_a_stalled_socket(worlds) -> None:
+    async def until_closed(ws) -> list[m.ServerMessage]:
+        got = []
+        try:
+            while True:
+                got.append(await recv(ws, 30))
+        except ConnectionClosed:
+            return got
+
+    async def main():
+        server = Server(worlds, ServerConfig(port=0, default_model="tiny", outbox_chunks=2, send_buffer=8192))
+        await server.start()
+        try:
+            stalled = await dial_stalled(server)  # never reads: its socket cannot drain
+            await send(stalled, m.Open(seed=1, codec="raw", max_ahead=64))
+            live = await dial(server)
+            await send(live, m.Open(seed=2, mode="lockstep", codec="raw"))
+            assert isinstance(await recv(live), m.Ready)
+            oneshot = await dial(server)
+            await send(oneshot, m.Generate(chunks=10_000, codec="jpeg"))
+            assert isinstance((await recv_until(oneshot, m.Frames))[-1], m.Frames)  # it is running
+            bare = await dial(server)  # nothing attached
+            await send(bare, m.Ping(t=1.0))
+            assert isinstance(await recv(bare), m.Pong)
+        finally:
+            await server.stop()  # returns although `stalled` never reads
+        for ws in (live, oneshot):
+            assert (await until_closed(ws))[-1] == m.Closed(reason="shutdown")
+            assert ws.close_code == 1001
+        assert await until_closed(bare) == [] and bare.close_code == 1001
+        stalled.transport.abort()
 
     run(main())
