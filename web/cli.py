@@ -1,6 +1,6 @@
 """The ``worldserve`` command.
 
-    worldserve serve    [--host 127.0.0.1] [--port 8000] [--model NAME]... [--device cpu] [...]
+    worldserve serve    [--host 127.0.0.1] [--port 8000] [--model NAME]... [--device auto] [...]
     worldserve generate [--model NAME] [--seed 0] [--chunks N] [--actions "d*16,a*16"] --out run.mp4
                         (both: [--decoder taehv:PATH] decodes with TAEHV weights from a local file)
     worldserve models
@@ -10,6 +10,9 @@
 registry's ``DEFAULT_MODEL``), starts the engine, the sessions and the websocket/HTTP endpoint,
 and prints the URL to open. ``generate`` runs a one-shot in-process through the same engine and
 ``SessionManager.generate`` and writes an MP4. ``models`` lists the registered worlds.
+
+Bad settings (a port out of range or in use, a device this machine lacks, an ``--out`` that
+cannot be written) are found before any model loads: one line on stderr, exit status 2.
 """
 
 import argparse
@@ -35,6 +38,7 @@ from sessions.manager import OpenParams
 from web import convertcli
 from web.app import DTYPES, Runtime, load_worlds
 from web.server import Server, ServerConfig
+from web.startup import StartupError, check_bind, check_out, check_port, resolve_device
 from web.video import Mp4Writer
 
 __all__ = ["main", "script_actions"]
@@ -48,9 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``worldserve`` script; returns the exit status."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
-    return args.run(args)
+    try:
+        threads = getattr(args, "threads", None)
+        if threads is not None:
+            if threads < 1:
+                raise StartupError(f"--threads {threads}: must be at least 1")
+            torch.set_num_threads(threads)
+        return args.run(args)
+    except StartupError as exc:
+        print(f"worldserve: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -152,7 +163,9 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
         + (" (repeatable; the first is the default)" if repeatable else "")
         + f" (default: {registry.DEFAULT_MODEL})",
     )
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+    parser.add_argument(
+        "--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ..."
+    )
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="(default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument(
@@ -179,6 +192,9 @@ def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World] | 
 
 
 def _serve(args: argparse.Namespace) -> int:
+    check_port(args.port)
+    args.device = resolve_device(args.device)
+    check_bind(args.host, args.port)
     worlds = _load(args.model or [registry.DEFAULT_MODEL], args)
     if worlds is None:
         return 2
@@ -202,7 +218,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_until_signalled(server: Server) -> None:
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:  # the port was taken between check_bind and now
+        await server.stop()
+        where = f"{server.config.host}:{server.config.port}"
+        raise StartupError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -248,6 +269,12 @@ def script_actions(world: World, script: str, chunks: int | None) -> list[list[F
 
 
 def _generate(args: argparse.Namespace) -> int:
+    check_out(args.out)
+    args.device = resolve_device(args.device)
+    try:
+        parse_action_script(args.actions)
+    except ValueError as exc:
+        raise StartupError(f"--actions: {exc}") from exc
     name = args.model or registry.DEFAULT_MODEL
     worlds = _load([name], args)
     if worlds is None:

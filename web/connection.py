@@ -41,7 +41,7 @@ from web.encoders import FrameEncoder, make_encoder
 from web.errors import ErrorCode, MediaError, ProtocolError
 from web.hub import Hub
 from web.outbox import Outbox, OutboxOverflow
-from web.pipeline import CloseRequest, Pipeline
+from web.pipeline import GOING_AWAY, CloseRequest, Pipeline
 from web.ratelimit import TokenBucket
 
 __all__ = ["Connection"]
@@ -132,6 +132,20 @@ class Connection:
         self.session = None
         self.closing = True
         self.pipeline.put(CloseRequest(1000, "session resumed on another connection"))
+
+    def shutdown(self) -> None:
+        """The server is stopping: a running one-shot ends with `closed` (reason shutdown) and a
+        socket with nothing attached closes (1001); an attached session's `closed` comes from
+        the manager's shutdown. What is queued before it is still sent (the server bounds that)."""
+        if self.closing or self.session is not None:
+            return
+        self.closing = True
+        if self.oneshot is not None:
+            self.oneshot.cancel()
+            self.oneshot = None
+            self.pipeline.put(ClosedEvent("shutdown"))
+        else:
+            self.pipeline.put(CloseRequest(GOING_AWAY, "server shutting down"))
 
     def fail(self, error: ProtocolError) -> None:
         """Send ``error``; a fatal one ends the session and closes the socket with its close code."""

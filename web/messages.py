@@ -231,6 +231,9 @@ class CodecInfo(_Model):
 
     name: Codec
     codec: str | None = None  # WebCodecs codec string, e.g. "avc1.42c01e"; H.264 only
+    # H.264 only: frames are coded at `scale` x the model's width and height (each pixel a
+    # scale x scale block); averaging each block gives the model-size frame
+    scale: Annotated[int, Field(ge=1, le=8)] | None = None
 
 
 # -- client -> server -------------------------------------------------------------------------

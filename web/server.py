@@ -10,6 +10,7 @@ Each websocket is served by a :class:`~web.connection.Connection`; plain HTTP by
 never on the engine thread.
 """
 
+import asyncio
 import ipaddress
 import logging
 from collections.abc import Mapping
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 # websockets closes with 1009 by itself above this; between max_message and it we answer
 # `too_large` first, as the protocol asks.
 HARD_LIMIT_FACTOR = 4
+# On stop, how long sockets get to send what is queued (`closed` included) before they are cut: a
+# client that stopped reading must not hold the exit (a container stop would SIGKILL us).
+DRAIN_S = 2.0
 
 
 class Server:
@@ -47,6 +51,7 @@ class Server:
         self._hub: Hub | None = None
         self._ws: WsServer | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._connections: dict[Connection, asyncio.Task[None]] = {}  # open sockets -> their handler
 
     @property
     def manager(self) -> SessionManager:
@@ -105,10 +110,16 @@ class Server:
             log.warning(warning)
 
     async def stop(self) -> None:
-        """Close every session (clients get `closed`, reason shutdown), the listener, the engine."""
+        """Stop accepting; every session and running one-shot gets `closed` (reason shutdown);
+        sockets get :data:`DRAIN_S` to send what is queued, then are cut; then the engine stops."""
+        if self._ws is not None:
+            self._ws.server.close()  # no new connections; open ones stay for the drain
+        for conn in list(self._connections):
+            conn.shutdown()
         if self.runtime is not None:
             await self.runtime.manager.shutdown()
         if self._ws is not None:
+            await self._drain()
             self._ws.close()
             await self._ws.wait_closed()
         if self.runtime is not None:
@@ -126,9 +137,25 @@ class Server:
     ) -> None:
         await self.stop()
 
+    async def _drain(self) -> None:
+        """Wait up to DRAIN_S for every socket to flush and close; cut the ones still open."""
+        handlers = list(self._connections.values())
+        if handlers:
+            await asyncio.wait(handlers, timeout=DRAIN_S)
+        for conn in list(self._connections):  # a client that is not reading
+            log.info("= %s did not drain in %.0f s; closing it", conn.ws.id, DRAIN_S)
+            conn.ws.transport.abort()
+
     async def _handle(self, ws: ServerConnection) -> None:
         assert self._hub is not None
-        await Connection(ws, self._hub).run()
+        conn = Connection(ws, self._hub)
+        task = asyncio.current_task()
+        assert task is not None  # websockets runs each handler in a task
+        self._connections[conn] = task
+        try:
+            await conn.run()
+        finally:
+            del self._connections[conn]
 
 
 def exposure_warning(config: ServerConfig) -> str | None:

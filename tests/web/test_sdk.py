@@ -162,6 +162,8 @@ def test_async_reconnect_fork_and_generate(worlds) -> None:
                     assert f.ready.chunk == 2 and (await f.step({})).shape == (4, 32, 32, 3)
             g = await generate(server.url, chunks=3, actions=[{"keys": ["w"]}] * 3, seed=3, codec="raw")
             assert np.array_equal(g.frames, np.concatenate(reference)) and g.done.chunks == 3
+            g = await generate(server.url, chunks=2, seed=3, codec="h264")  # model-size frames
+            assert g.frames.shape == (7, 32, 32, 3)
             with pytest.raises(ServerError) as info:
                 await generate(server.url, chunks=1, model="nope")
             assert info.value.code is ErrorCode.NOT_FOUND and info.value.fatal

@@ -1,5 +1,5 @@
 """web/server.py end to end: a real server on loopback, raw protocol clients, every message type,
-resume after a dropped socket, fork, one-shot, H.264 quality, and a stalled client."""
+resume after a dropped socket, fork, one-shot, H.264 quality, a stalled client, and shutdown."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from web import codec
 from web import messages as m
 from web.encoders import decode_jpeg
 from web.sdk import attach, connect
-from web.server import ServerConfig, exposure_warning
+from web.server import Server, ServerConfig, exposure_warning
 
 from .conftest import dial, psnr, recv, recv_until, run, send, serving
 
@@ -347,7 +347,7 @@ def test_h264_frames_decode_close_to_the_raw_frames(worlds) -> None:
             connect(server.url, model="smooth", seed=5, mode="lockstep", codec="raw") as raw,
             connect(server.url, model="smooth", seed=5, mode="lockstep", codec="h264") as h264,
         ):
-            assert h264.ready.codec.codec == "avc1.42c00a"
+            assert h264.ready.codec.codec == "avc1.42c00a" and h264.ready.codec.scale == 4  # 128x128 coded
             exact = np.concatenate([await raw.step(a) for a in script])
             decoded = np.concatenate([await h264.step(a) for a in script])
         assert decoded.shape == exact.shape == (23, 32, 32, 3)
@@ -435,3 +435,38 @@ def test_listening_beyond_loopback_without_a_token_warns() -> None:
     assert exposure_warning(ServerConfig(host="0.0.0.0", token="s3cret")) is None
     for host in ("0.0.0.0", "", "192.168.1.5", "example.com"):
         assert "--token" in (exposure_warning(ServerConfig(host=host)) or ""), host
+
+
+def test_stop_tells_sessions_and_one_shots_and_cuts_a_stalled_socket(worlds) -> None:
+    async def until_closed(ws) -> list[m.ServerMessage]:
+        got = []
+        try:
+            while True:
+                got.append(await recv(ws, 30))
+        except ConnectionClosed:
+            return got
+
+    async def main():
+        server = Server(worlds, ServerConfig(port=0, default_model="tiny", outbox_chunks=2, send_buffer=8192))
+        await server.start()
+        try:
+            stalled = await dial_stalled(server)  # never reads: its socket cannot drain
+            await send(stalled, m.Open(seed=1, codec="raw", max_ahead=64))
+            live = await dial(server)
+            await send(live, m.Open(seed=2, mode="lockstep", codec="raw"))
+            assert isinstance(await recv(live), m.Ready)
+            oneshot = await dial(server)
+            await send(oneshot, m.Generate(chunks=10_000, codec="jpeg"))
+            assert isinstance((await recv_until(oneshot, m.Frames))[-1], m.Frames)  # it is running
+            bare = await dial(server)  # nothing attached
+            await send(bare, m.Ping(t=1.0))
+            assert isinstance(await recv(bare), m.Pong)
+        finally:
+            await server.stop()  # returns although `stalled` never reads
+        for ws in (live, oneshot):
+            assert (await until_closed(ws))[-1] == m.Closed(reason="shutdown")
+            assert ws.close_code == 1001
+        assert await until_closed(bare) == [] and bare.close_code == 1001
+        stalled.transport.abort()
+
+    run(main())

@@ -138,6 +138,7 @@ class ClientCore:
             if isinstance(msg.frame, bytes):  # a JPEG (every codec but raw)
                 msg = msg.model_copy(update={"frame": decode_jpeg(msg.frame)})
             self.ready = msg
+            self._decoder.set_scale(msg.codec.scale or 1)
             self._reply(("ready", None), msg)
         elif isinstance(msg, m.Cancelled):
             for key, seq in list(self._awaited.items()):

@@ -2,6 +2,8 @@
 // player's chunk slot (slot.put(i, bitmap) / slot.skip(i)). H.264 uses WebCodecs' VideoDecoder
 // on Annex-B access units (no `description`: SPS/PPS come in-band before every IDR), configured
 // with ready.codec.codec; JPEG uses createImageBitmap on a Blob; raw RGB goes through ImageData.
+// Small worlds' H.264 is coded at ready.codec.scale x the model's size (each pixel a block); the
+// player draws every frame into the model-size canvas, which scales it back.
 
 const NAL_IDR = 5;
 
