@@ -10,6 +10,7 @@ only on the world seed and the chunk number, so a re-sent step makes the frames 
 """
 
 import asyncio
+import contextlib
 import logging
 
 from web import messages as m
@@ -99,10 +100,8 @@ class DurableSession:
             return None
 
     async def _ack(self, session: Session, chunk: Chunk) -> None:
-        try:
+        with contextlib.suppress(SessionClosed):  # unacked: a resume re-sends it, and the core drops it
             await session.send(m.Ack(chunk=chunk.chunk))
-        except SessionClosed:
-            pass  # unacked: a resume re-sends it, and the client core drops it as a duplicate
 
     async def _resume(self, cause: SessionClosed) -> None:
         """Resume on a new socket, retrying while the server cannot be reached."""

@@ -18,7 +18,7 @@ Needs the ``gym`` extra (``pip install -e '.[gym]'``).
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -145,7 +145,7 @@ class WorldEnv(gym.Env[np.ndarray, dict[str, np.ndarray]]):
     and gymnasium's ``check_env`` wants equal infos for equal seeds).
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 15}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 15}
 
     def __init__(
         self,

@@ -85,9 +85,10 @@ def to_wire(action: Any, space: m.ActionSpace, frames: int | None = None) -> tup
     out = []
     for t in range(frames or 1):
         index = () if frames is None else (t,)
+        held = () if keys is None else tuple(k for k, on in zip(space.keys, keys[index], strict=True) if on)
         out.append(
             m.FrameAction(
-                keys=() if keys is None else tuple(k for k, on in zip(space.keys, keys[index], strict=True) if on),
+                keys=held,
                 mouse=(0.0, 0.0) if mouse is None else (float(mouse[index][0]), float(mouse[index][1])),
                 vector=None if vector is None else vector[index].astype(np.float32),
             )

@@ -15,7 +15,7 @@ observation is the new world's first frame, reward 0, terminated and truncated F
 """
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from gymnasium.utils import seeding
@@ -39,7 +39,10 @@ async def _gather(*coros: Any, return_exceptions: bool = False) -> list[Any]:
 class WorldVectorEnv(VectorEnv):
     """N lockstep sessions of one world, stepped together (arguments as for ``WorldEnv``)."""
 
-    metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": ["rgb_array"],
+        "autoreset_mode": AutoresetMode.NEXT_STEP,
+    }
 
     def __init__(
         self,

@@ -39,7 +39,7 @@ def test_vector_of_8_matches_8_single_envs(server) -> None:
         got = [obs]
         truncs = []
         for a in actions:
-            obs, rewards, terms, truncs_t, infos = envs.step(a)
+            obs, _, _, truncs_t, _ = envs.step(a)
             got.append(obs)
             truncs.append(truncs_t)
     finally:
