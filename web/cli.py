@@ -3,6 +3,7 @@
     worldserve serve    [--host 127.0.0.1] [--port 8000] [--model NAME]... [--device cpu] [...]
     worldserve generate [--model NAME] [--seed 0] [--chunks N] [--actions "d*16,a*16"] --out run.mp4
     worldserve models
+    worldserve record | replay | rollout   (web.datacli: episodes from a running server)
 
 ``serve`` loads the worlds (registry names or local model directories; the default is the
 registry's ``DEFAULT_MODEL``), starts the engine, the sessions and the websocket/HTTP endpoint,
@@ -30,6 +31,7 @@ from models.game import parse_action_script
 from models.world import World
 from sessions.events import FramesEvent, SessionEvent
 from sessions.manager import OpenParams
+from web import datacli
 from web.app import DTYPES, Runtime, load_worlds
 from web.server import Server, ServerConfig
 from web.video import Mp4Writer
@@ -98,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="list the registered worlds")
     models.set_defaults(run=_models)
+    datacli.add_commands(commands)
     return parser
 
 
