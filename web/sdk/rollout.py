@@ -72,7 +72,8 @@ class RolloutResult:
         rate = self.seconds or float("nan")
         return (
             f"rollout: {self.episodes} episodes ({self.skipped} already done), {self.frames} frames "
-            f"in {self.seconds:.1f} s: {self.episodes / rate:.2f} episodes/s, {self.frames / rate:.1f} frames/s"
+            f"in {self.seconds:.1f} s: {self.episodes / rate:.2f} episodes/s, "
+            f"{self.frames / rate:.1f} frames/s"
         )
 
 
