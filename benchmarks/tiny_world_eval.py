@@ -70,11 +70,10 @@ def rollouts(
         if len(script) % per_chunk:
             raise ValueError(f"{len(script)} actions is not a whole number of {per_chunk}-frame chunks")
         sid = f"eval-{i}"
-        engine.add_stream(sid, model_id, Conditioning(seed=int(seed)))
-        engine.submit(ChunkRequest(sid, engine.new_request_id()))  # the prefill chunk (frame 0)
+        start = engine.add_stream(sid, model_id, Conditioning(seed=int(seed))).frame  # prefilled frame 0
         acts = [FrameAction(frozenset(k)) for k in script]
         todo[sid] = [acts[j : j + per_chunk] for j in range(0, len(acts), per_chunk)]
-        out[sid] = {}
+        out[sid] = {0: start[None]}
     while engine.has_work() or any(todo.values()):
         for sid, chunks in todo.items():
             while chunks and engine.scheduler.queued(sid) < 2:
@@ -91,7 +90,6 @@ def rollouts(
         kv = engine.runner.streams[sid].state.kv
         nan.append(bool(torch.isnan(kv.k).any() or torch.isnan(kv.v).any()))
         engine.remove_stream(sid)
-    engine.step()  # frees the removed streams
     return frames, nan
 
 

@@ -8,11 +8,16 @@ out as ``[key multi-hot | mouse dx, dy | vector]``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+# Largest magnitude of a mouse delta or vector component, per frame. Far beyond any real input,
+# and small enough that no model dtype (float16 included) overflows on it.
+MAX_ACTION_VALUE = 1e4
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,18 @@ class ActionSpace:
         """Keys that are not in this space (for a clear client error)."""
         known = set(self.keys)
         return sorted(k for k in keys if k not in known)
+
+    def problem(self, action: FrameAction) -> tuple[str, str] | None:
+        """(field, message) saying why `action` does not fit this space, or None if it does."""
+        unknown = self.unknown_keys(action.keys)
+        if unknown:
+            return "keys", f"unknown keys {unknown}; this model knows {list(self.keys)}"
+        if action.vector is not None and len(action.vector) != self.vector_dim:
+            return "vector", f"vector has length {len(action.vector)}, this model takes {self.vector_dim}"
+        for name, values in (("mouse", action.mouse), ("vector", action.vector or ())):
+            if not all(math.isfinite(v) and abs(v) <= MAX_ACTION_VALUE for v in values):
+                return name, f"{name} values must be finite and within +-{MAX_ACTION_VALUE:g}"
+        return None
 
     def row(self, action: FrameAction) -> np.ndarray:
         """One frame's action as a float32 row of length `width`."""

@@ -66,7 +66,7 @@ class WorldConfig:
     height: int  # video frame height, pixels
     schedule: FlowSchedule = field(default_factory=FlowSchedule)  # noise levels per chunk
     context_noise: float = 0.0  # sigma of the history the context pass writes (0: clean)
-    image_start: bool = False  # first transaction prefills an encoded start image as frame 0
+    image_start: bool = False  # a new world prefills an encoded start image as committed frame 0
     description: str = ""
 
     def to_dict(self) -> dict:
@@ -103,7 +103,7 @@ class WorldState:
     chunks: int = 0  # committed chunks
     frames: int = 0  # committed latent frames (the KV length)
     video_frames: int = 0  # committed video frames (frame0 of the next chunk)
-    start_latents: torch.Tensor | None = None  # (C, 1, h, w) image latent, prefilled by the first chunk
+    start_latents: torch.Tensor | None = None  # (C, 1, h, w) image latent until the runner prefills it
 
 
 def noise_seed(seed: int, chunk: int, step: int) -> int:

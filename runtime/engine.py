@@ -19,8 +19,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
+
+import numpy as np
 
 from models.actions import FrameAction
 from models.registry import UnknownModelError
@@ -55,6 +57,7 @@ class StreamInfo:
     latent_frames: int  # committed latent frames (KV length)
     video_frames: int  # committed video frames
     kv_bytes: int  # device bytes of its KV cache
+    frame: np.ndarray | None = field(default=None, repr=False)  # (H, W, 3) uint8 start frame, if prefilled
 
 
 class Engine:
@@ -73,7 +76,7 @@ class Engine:
     ) -> None:
         self.worlds = worlds
         self._lock = threading.Lock()  # guards _live and _aborted (touched from other threads)
-        self._live: set[int] = set()  # submitted request ids without an outcome yet
+        self._live: set[int] = set()  # request ids handed out and not yet resolved or forgotten
         self._aborted: set[int] = set()  # subset of _live to cancel
         self._ids = itertools.count(1)
         self.runner = Runner(worlds, self.is_aborted, boundary_hook)
@@ -85,13 +88,21 @@ class Engine:
     # -- thread-safe ----------------------------------------------------------------------------
 
     def new_request_id(self) -> int:
-        """A fresh request id (thread-safe)."""
+        """A fresh request id (thread-safe). It is live from here on, so a cancel wins even while
+        its request is still on its way to `submit`; `forget` it if it is never submitted."""
         with self._lock:
-            return next(self._ids)
+            rid = next(self._ids)
+            self._live.add(rid)
+            return rid
+
+    def forget(self, request_id: int) -> None:
+        """Drop an id that was handed out but will not be submitted (thread-safe)."""
+        self._resolved(request_id)
 
     def abort(self, request_ids: set[int] | list[int]) -> None:
-        """Cancel these requests: queued ones leave the queue, a running one stops at its next
-        boundary (or just before commit). Thread-safe; unknown or finished ids are ignored."""
+        """Cancel these requests wherever they are: not yet submitted, queued (they leave the
+        queue), or running (it stops at its next boundary, or just before commit). Thread-safe;
+        unknown or finished ids are ignored."""
         with self._lock:
             self._aborted |= set(request_ids) & self._live
 
@@ -132,11 +143,13 @@ class Engine:
         self._reserve(stream_id, world)
         try:
             state = world.init_state(cond)
+            self.runner.streams[stream_id] = Stream(stream_id, model_id, state, debug or DebugHooks())
+            frame = self.runner.prefill(stream_id)
         except Exception:
+            self.runner.streams.pop(stream_id, None)
             self._release(stream_id)
             raise
-        self.runner.streams[stream_id] = Stream(stream_id, model_id, state, debug or DebugHooks())
-        return self.info(stream_id)
+        return replace(self.info(stream_id), frame=frame)
 
     def fork_stream(self, src_id: str, dst_id: str) -> StreamInfo:
         """A new stream holding a copy of `src_id`'s committed world."""
@@ -154,23 +167,29 @@ class Engine:
         return self.info(dst_id)
 
     def reset_stream(self, stream_id: str, cond: Conditioning) -> StreamInfo:
-        """A fresh world in the same stream; queued chunks are cancelled (outcomes in the next step)."""
+        """A fresh world in the same stream; queued chunks are cancelled (outcomes in the next step).
+        If the new world cannot be built, the old one stays and the error is raised."""
         stream = self._stream(stream_id)
-        state = self.worlds[stream.model_id].init_state(cond)
-        ids = {r.request_id for r in self.scheduler.pending(stream_id)}
-        dropped = self.scheduler.abort_requests(ids)
-        self._side_outcomes += [self._cancelled(r.stream_id, r.request_id) for r in dropped]
-        stream.state = state
+        self._side_outcomes += self._drop({r.request_id for r in self.scheduler.pending(stream_id)})
+        old = stream.state
+        stream.state = self.worlds[stream.model_id].init_state(cond)
+        try:
+            frame = self.runner.prefill(stream_id)
+        except Exception:
+            stream.state = old
+            raise
         stream.action_log.clear()
         stream.fault_fired = False
-        return self.info(stream_id)
+        return replace(self.info(stream_id), frame=frame)
 
     def remove_stream(self, stream_id: str) -> None:
-        """End a stream: queued chunks are cancelled (outcomes in the next step); the runner frees
-        its device state on the next step."""
+        """End a stream: queued chunks are cancelled (outcomes in the next step) and its device
+        state is freed before its budget is (runs between steps, so no batch holds it)."""
         self._stream(stream_id)
+        numbers = self._queued_chunk_numbers(stream_id)
         dropped = self.scheduler.finish_stream(stream_id)
-        self._side_outcomes += [self._cancelled(r.stream_id, r.request_id) for r in dropped]
+        del self.runner.streams[stream_id]
+        self._side_outcomes += [self._cancelled(r, numbers[r.request_id]) for r in dropped]
         self._release(stream_id)
 
     def _release(self, stream_id: str) -> None:
@@ -190,37 +209,40 @@ class Engine:
 
     def _shape_of(self, stream_id: str) -> ChunkShape:
         stream = self.runner.streams[stream_id]
-        start = stream.state.start_latents
-        if start is not None:
-            return ChunkShape(stream.model_id, True, start.shape[1])
-        return ChunkShape(stream.model_id, False, self.worlds[stream.model_id].chunk_frames)
+        return ChunkShape(stream.model_id, self.worlds[stream.model_id].chunk_frames)
 
     def next_chunk_video_frames(self, stream_id: str) -> int:
         """Video frames of the stream's next chunk once everything queued before it has committed."""
         stream = self._stream(stream_id)
         world = self.worlds[stream.model_id]
-        latent = stream.state.frames
-        queued = self.scheduler.queued(stream_id)
-        if stream.state.start_latents is not None:
-            if queued == 0:
-                return world.layout.video_frames(0, stream.state.start_latents.shape[1])
-            latent += stream.state.start_latents.shape[1]
-            queued -= 1
-        latent += queued * world.chunk_frames
+        latent = stream.state.frames + self.scheduler.queued(stream_id) * world.chunk_frames
         return world.layout.video_frames(latent, world.chunk_frames)
 
     # -- chunks ---------------------------------------------------------------------------------
 
     def submit(self, request: ChunkRequest) -> None:
-        """Queue a chunk request (validated against the stream's world)."""
-        stream = self._stream(request.stream_id)
-        if self.scheduler.queued(request.stream_id) >= self.max_queued:
-            raise CapacityError(f"stream {request.stream_id} already has {self.max_queued} chunks queued")
-        if request.actions is not None:
-            self._check_actions(stream, request.actions, self.next_chunk_video_frames(request.stream_id))
-        request.submitted_at = request.submitted_at or time.perf_counter()
+        """Queue a chunk request (validated against the stream's world). A request cancelled
+        before it got here is answered `ChunkCancelled` by the next step. On error the id is
+        resolved and the error raised."""
+        rid = request.request_id
+        try:
+            stream = self._stream(request.stream_id)
+            if self.scheduler.queued(request.stream_id) >= self.max_queued:
+                raise CapacityError(f"stream {request.stream_id} already has {self.max_queued} chunks queued")
+            if request.actions is not None:
+                self._check_actions(stream, request.actions, self.next_chunk_video_frames(request.stream_id))
+        except Exception:
+            self._resolved(rid)
+            raise
         with self._lock:
-            self._live.add(request.request_id)
+            if rid not in self._live:
+                raise ValueError(f"request id {rid} was not handed out by new_request_id() or is finished")
+            aborted = rid in self._aborted
+        if aborted:
+            chunk = stream.state.chunks + 1 + self.scheduler.queued(request.stream_id)
+            self._side_outcomes.append(self._cancelled(request, chunk))
+            return
+        request.submitted_at = request.submitted_at or time.perf_counter()
         self.scheduler.add_request(request)
 
     def _check_actions(self, stream: Stream, actions: list[FrameAction] | tuple, expected: int) -> None:
@@ -230,17 +252,13 @@ class Engine:
                 "actions", f"this chunk takes 1 or {expected} frame actions, got {len(actions)}"
             )
         for a in actions:
-            unknown = space.unknown_keys(a.keys)
-            if unknown:
-                raise InvalidRequest("keys", f"unknown keys {unknown}; this model knows {list(space.keys)}")
-            if a.vector is not None and len(a.vector) != space.vector_dim:
-                raise InvalidRequest(
-                    "vector", f"vector has length {len(a.vector)}, model takes {space.vector_dim}"
-                )
+            problem = space.problem(a)
+            if problem is not None:
+                raise InvalidRequest(*problem)
 
     def has_work(self) -> bool:
         """Whether `step()` would do anything."""
-        return self.scheduler.has_unfinished() or bool(self._aborted) or bool(self._side_outcomes)
+        return self.scheduler.has_unfinished() or bool(self._side_outcomes)
 
     def step(self) -> list[Outcome]:
         """Schedule one batch, run it, commit what survived; return every outcome produced."""
@@ -260,9 +278,19 @@ class Engine:
     def _process_aborts(self) -> list[Outcome]:
         with self._lock:
             ids = set(self._aborted)
-        if not ids:
-            return []
-        return [self._cancelled(r.stream_id, r.request_id) for r in self.scheduler.abort_requests(ids)]
+        return self._drop(ids) if ids else []
+
+    def _queued_chunk_numbers(self, stream_id: str) -> dict[int, int]:
+        """Request id -> the chunk number it would commit as, for the stream's queue in order."""
+        base = self.runner.streams[stream_id].state.chunks + 1
+        return {r.request_id: base + i for i, r in enumerate(self.scheduler.pending(stream_id))}
+
+    def _drop(self, request_ids: set[int]) -> list[Outcome]:
+        """Take these requests out of the queue (not a running one); one `ChunkCancelled` each."""
+        numbers: dict[int, int] = {}
+        for sid in self.runner.streams:
+            numbers |= self._queued_chunk_numbers(sid)
+        return [self._cancelled(r, numbers[r.request_id]) for r in self.scheduler.abort_requests(request_ids)]
 
     def _finish(self, plan: StepPlan, out: RunnerOutput) -> list[Outcome]:
         outcomes: list[Outcome] = []
@@ -290,11 +318,9 @@ class Engine:
             self._resolved(txn.request.request_id)
         return outcomes
 
-    def _cancelled(self, stream_id: str, request_id: int) -> ChunkCancelled:
-        stream = self.runner.streams.get(stream_id)
-        chunk = stream.state.chunks + 1 if stream is not None else 0
-        self._resolved(request_id)
-        return ChunkCancelled(request_id, stream_id, chunk, started=False)
+    def _cancelled(self, request: ChunkRequest, chunk: int) -> ChunkCancelled:
+        self._resolved(request.request_id)
+        return ChunkCancelled(request.request_id, request.stream_id, chunk, started=False)
 
     def _resolved(self, request_id: int) -> None:
         with self._lock:
@@ -370,6 +396,7 @@ class EngineThread:
     def submit(self, request: ChunkRequest) -> asyncio.Future[Outcome]:
         """Queue a chunk; the future resolves with its outcome (or raises the submit error)."""
         if self._dead is not None:
+            self.engine.forget(request.request_id)
             raise EngineDeadError(str(self._dead))
         fut: asyncio.Future[Outcome] = self.loop.create_future()
         with self._flock:
@@ -388,6 +415,7 @@ class EngineThread:
         except CapacityError:
             with self._flock:
                 self._futures.pop(request.request_id, None)
+            self.engine.forget(request.request_id)
             raise
         return fut
 

@@ -13,7 +13,6 @@ class ScheduledChunk:
 
     stream_id: str
     request: ChunkRequest  # the request this chunk serves (its actions or action source)
-    prefill: bool  # the first chunk of an image-started world: no denoising, the image is frame 0
     n_latent: int  # latent frames this chunk adds
 
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from models.actions import FrameAction, group_actions
@@ -99,35 +100,75 @@ class Runner:
     # -- execution ------------------------------------------------------------------------------
 
     def execute(self, plan: StepPlan) -> RunnerOutput:
-        """Run the plan's batch; free the state of streams that finished."""
-        for sid in plan.finished_stream_ids:
-            self.streams.pop(sid, None)
+        """Run the plan's batch."""
         out = RunnerOutput()
         if plan.chunks:
             self._run_batch(plan.model_id, plan.chunks, out, split_on_error=True)
         return out
 
-    def _begin(self, sc: ScheduledChunk, world: World) -> Transaction:
+    def _begin(self, sc: ScheduledChunk, world: World, out: RunnerOutput) -> Transaction | None:
+        """Open the chunk's transaction and read its actions; a failing action source fails only
+        this chunk (reported in `out`), never the engine."""
         stream = self.streams[sc.stream_id]
+        txn = Transaction(stream, sc.request, [])
         req = sc.request
         n_video = world.layout.video_frames(stream.state.frames, sc.n_latent)
-        if sc.prefill:
-            actions = [FrameAction.idle()] * n_video
-        elif req.source is not None:
-            actions = req.source.take(n_video)
-        elif not req.actions:
-            actions = [FrameAction.idle()] * n_video
-        elif len(req.actions) == 1:
-            actions = list(req.actions) * n_video
-        else:
-            actions = list(req.actions)
-        return Transaction(stream, req, actions)
+        try:
+            if req.source is not None:
+                txn.actions = req.source.take(n_video)
+            elif not req.actions:
+                txn.actions = [FrameAction.idle()] * n_video
+            elif len(req.actions) == 1:
+                txn.actions = list(req.actions) * n_video
+            else:
+                txn.actions = list(req.actions)
+        except Exception as exc:
+            log.exception("action source of %s failed", sc.stream_id)
+            txn.rollback()
+            out.failed.append((txn, f"reading actions failed: {type(exc).__name__}: {exc}"))
+            return None
+        return txn
+
+    @torch.no_grad()
+    def prefill(self, stream_id: str) -> np.ndarray | None:
+        """Write an image-started world's start image into its cache as committed frame 0.
+
+        Runs when the stream is created or reset (not as a chunk: chunk 1 is the first generated
+        chunk). Returns the start frame (H, W, 3) uint8, or None for worlds without one. On error
+        nothing is committed and the caller drops the stream."""
+        stream = self.streams[stream_id]
+        st = stream.state
+        if st.start_latents is None:
+            return None
+        world = self.worlds[stream.model_id]
+        x0 = st.start_latents[None]  # (1, C, n, h, w)
+        n = x0.shape[2]
+        acts = None
+        if world.transformer.cfg.action is not None:
+            idle = [FrameAction.idle()] * world.layout.video_frames(0, n)
+            acts = group_actions(world.action_space, world.layout, 0, n, idle).tensor[None]
+        noise = None
+        if world.config.context_noise > 0:  # chunk 0: a key no generated chunk uses
+            noise = world.noise(st.seed, 0, len(world.config.schedule.steps), n)[None]
+        slots = [self.layouts[stream.model_id].slots(0, n, world.device)]
+        world.context(x0, [st], slots, acts, noise=noise)
+        frames, cache = world.decode(x0[0], st)
+        frames = frames.cpu().numpy()
+        st.frames += n
+        st.video_frames += frames.shape[0]
+        st.decoder = cache
+        st.start_latents = None
+        return frames[-1]
 
     def _run_batch(
         self, model_id: str, chunks: list[ScheduledChunk], out: RunnerOutput, split_on_error: bool
     ) -> None:
         world = self.worlds[model_id]
-        txns = [self._begin(sc, world) for sc in chunks]
+        opened = [(sc, self._begin(sc, world, out)) for sc in chunks]
+        chunks = [sc for sc, t in opened if t is not None]
+        txns = [t for _, t in opened if t is not None]
+        if not txns:
+            return
         try:
             self._transact(world, self.layouts[model_id], chunks[0], txns, out)
         except Exception as exc:
@@ -196,26 +237,24 @@ class Runner:
             idx = torch.tensor(keep, device=world.device)
             return [None if x is None else x.index_select(0, idx) for x in tensors]
 
-        if first.prefill:
-            x0 = torch.stack([t.stream.state.start_latents for t in txns])
-        else:
-            x = torch.stack([world.noise(t.stream.state.seed, t.chunk, 0, n) for t in txns])
-            sigmas, steps = sched.sigmas, sched.timesteps
-            for k, (tk, sg) in enumerate(zip(steps, sigmas, strict=True)):
-                keep = self._boundary(f"denoise:{k}", txns, out)
-                if len(keep) < len(txns):
-                    x, acts = narrow(keep, x, acts)
-                if not txns:
-                    return
-                armed = [
-                    t for t in txns if t.stream.debug.fail_at_chunk == t.chunk and not t.stream.fault_fired
-                ]
-                with _injected_fault(world, armed[0] if armed and k == 0 else None):
-                    pred = world.denoise(x, tk, [t.stream.state for t in txns], slots, acts)
-                x0 = sched.to_x0(pred, x, sg)
-                if k + 1 < len(steps):
-                    nz = torch.stack([world.noise(t.stream.state.seed, t.chunk, k + 1, n) for t in txns])
-                    x = add_noise(x0, nz, sigmas[k + 1])
+        x = torch.stack([world.noise(t.stream.state.seed, t.chunk, 0, n) for t in txns])
+        sigmas, steps = sched.sigmas, sched.timesteps
+        for k, (tk, sg) in enumerate(zip(steps, sigmas, strict=True)):
+            keep = self._boundary(f"denoise:{k}", txns, out)
+            if len(keep) < len(txns):
+                x, acts = narrow(keep, x, acts)
+            if not txns:
+                return
+            armed = [t for t in txns if t.stream.debug.fail_at_chunk == t.chunk and not t.stream.fault_fired]
+            with _injected_fault(world, armed[0] if armed and k == 0 else None):
+                pred = world.denoise(x, tk, [t.stream.state for t in txns], slots, acts)
+            x0 = sched.to_x0(pred, x, sg)
+            if k + 1 < len(steps):
+                nz = torch.stack([world.noise(t.stream.state.seed, t.chunk, k + 1, n) for t in txns])
+                x = add_noise(x0, nz, sigmas[k + 1])
+        # read on the host with the frames (no sync here): a chunk whose latents are not finite
+        # (an overflowing input, a diverging model) is rolled back instead of poisoning the world
+        finite = torch.isfinite(x0).flatten(1).all(1)
         sync()
         t1 = time.perf_counter()
 
@@ -235,7 +274,14 @@ class Runner:
 
         keep = self._boundary("decode", txns, out)
         if len(keep) < len(txns):
-            (x0,) = narrow(keep, x0)
+            x0, finite = narrow(keep, x0, finite)
+        ok = finite.tolist()
+        for t, good in zip(txns, ok, strict=True):
+            if not good:
+                t.rollback()
+                out.failed.append((t, "the model produced non-finite latents"))
+        if not all(ok):
+            (x0,) = narrow([i for i, good in enumerate(ok) if good], x0)
         decoded = []
         for i, t in enumerate(txns):
             frames, cache = world.decode(x0[i], t.stream.state)

@@ -22,7 +22,6 @@ class ChunkShape:
     """What a stream's next chunk looks like (decides who can share a batch)."""
 
     model_id: str  # the stream's world
-    prefill: bool  # the stream's first chunk of an image-started world
     n_latent: int  # latent frames the chunk adds
 
 
@@ -111,7 +110,7 @@ class FifoScheduler(Scheduler):
                 plan.model_id = s.model_id
             elif s != shape:
                 continue
-            plan.chunks.append(ScheduledChunk(sid, self._queues[sid][0], s.prefill, s.n_latent))
+            plan.chunks.append(ScheduledChunk(sid, self._queues[sid][0], s.n_latent))
             self._running.add(sid)
             if len(plan.chunks) >= self.max_batch:
                 break

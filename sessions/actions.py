@@ -9,7 +9,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from models.actions import FrameAction
+from models.actions import MAX_ACTION_VALUE, FrameAction
+
+
+def _clamp(v: float) -> float:
+    return max(-MAX_ACTION_VALUE, min(MAX_ACTION_VALUE, v))
 
 
 class ActionBuffer:
@@ -28,8 +32,9 @@ class ActionBuffer:
         """Record an `action` message (already validated)."""
         with self._lock:
             self._keys = keys
-            self._mouse[0] += mouse[0]
-            self._mouse[1] += mouse[1]
+            # deltas add up; the sum is clamped so that many valid messages stay a valid action
+            self._mouse[0] = _clamp(self._mouse[0] + mouse[0])
+            self._mouse[1] = _clamp(self._mouse[1] + mouse[1])
             if vector is not None:
                 self._vector = vector
             self._seq = max(self._seq, seq)
@@ -45,8 +50,8 @@ class ActionBuffer:
     def give_back(self, actions: Sequence[FrameAction]) -> None:
         """Return the mouse motion of a rolled-back chunk."""
         with self._lock:
-            self._mouse[0] += sum(a.mouse[0] for a in actions)
-            self._mouse[1] += sum(a.mouse[1] for a in actions)
+            self._mouse[0] = _clamp(self._mouse[0] + sum(a.mouse[0] for a in actions))
+            self._mouse[1] = _clamp(self._mouse[1] + sum(a.mouse[1] for a in actions))
 
     def clear(self) -> None:
         """Forget everything (reset)."""

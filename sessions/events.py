@@ -39,9 +39,11 @@ class ErrorEvent:
 
 @dataclass(frozen=True)
 class ReadyEvent:
-    """The session (re)started: sent after `reset`, chunks after `chunk` belong to the new world."""
+    """The session (re)started: sent after `reset` (and first by a one-shot); chunks after `chunk`
+    belong to the new world."""
 
     chunk: int
+    frame: np.ndarray | None = field(default=None, repr=False)  # (H, W, 3) uint8 start frame, if any
 
 
 @dataclass(frozen=True)

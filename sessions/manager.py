@@ -25,7 +25,7 @@ from runtime.engine import EngineThread, StreamInfo
 from runtime.errors import CapacityError, EngineDeadError, StreamNotFound
 from runtime.requests import DebugHooks
 from sessions.errors import InvalidInput, SessionBusy, SessionError, SessionFailed, SessionNotFound
-from sessions.events import ClosedEvent, DoneEvent, ErrorEvent, FramesEvent, SessionEvent
+from sessions.events import ClosedEvent, DoneEvent, ErrorEvent, FramesEvent, ReadyEvent, SessionEvent
 from sessions.session import Mode, Session, SessionStatus, Sink
 
 log = logging.getLogger(__name__)
@@ -126,10 +126,14 @@ class SessionManager:
         session = self._new(model_id, params.mode, params.max_ahead, cond)
         self._sessions[session.id] = session  # counts against the limit while the world is built
         try:
-            await self._engine_call(self.engine.engine.add_stream, session.id, model_id, cond, params.debug)
+            info: StreamInfo = await self._engine_call(
+                self.engine.engine.add_stream, session.id, model_id, cond, params.debug
+            )
         except BaseException:
             self._sessions.pop(session.id, None)
             raise
+        session.frame = info.frame
+        session.frames_out = info.video_frames
         self._by_token[session.resume_token] = session
         self._ensure_sweeper()
         return session
@@ -151,6 +155,7 @@ class SessionManager:
         dst._frame_base = src._frame_base
         dst.last_chunk = dst.acked = src._chunk_base + info.chunks
         dst.frames_out = src._frame_base + info.video_frames
+        dst.frame = src.frame
         dst.detach()
         self._by_token[dst.resume_token] = dst
         return dst
@@ -207,7 +212,6 @@ class SessionManager:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         window = asyncio.Semaphore(ONESHOT_IN_FLIGHT)
         total = {"chunks": 0, "frames": 0}
-        expected = chunks + (1 if session.spec.image_start else 0)
 
         def on_event(ev: SessionEvent) -> None:
             if isinstance(ev, ClosedEvent):
@@ -218,7 +222,7 @@ class SessionManager:
                 total["frames"] += ev.frames.shape[0]
                 session.ack(ev.chunk)  # one-shot clients do not ack; nothing needs retaining
                 window.release()
-                if total["chunks"] == expected and not done.done():
+                if total["chunks"] == chunks and not done.done():
                     done.set_result(None)
             elif isinstance(ev, ErrorEvent) and not done.done():
                 done.set_exception(SessionFailed(ev.message) if ev.fatal else SessionError(ev.message))
@@ -227,8 +231,7 @@ class SessionManager:
         ok = False
         try:
             session.activate(on_event)
-            if session.spec.image_start:
-                await window.acquire()  # the prefill chunk activate() started
+            sink(ReadyEvent(0, session.frame))
             for i in range(chunks):
                 if room is not None:
                     await room()

@@ -27,9 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from models.actions import FrameAction
 from models.world import Conditioning, ModelSpec
-from runtime.engine import EngineThread
+from runtime.engine import EngineThread, StreamInfo
 from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
 from runtime.requests import ChunkCancelled, ChunkCommitted, ChunkFailed, ChunkRequest, Outcome
 from sessions.actions import ActionBuffer, ChunkSource
@@ -84,7 +86,7 @@ FINISHED_REASON = {
 class _Pending:
     """A chunk request this session has in the engine."""
 
-    kind: Literal["realtime", "step", "prefill"]
+    kind: Literal["realtime", "step"]
     seq: int | None  # client seq of the step (lockstep) or None
     source: ChunkSource | None  # realtime action source (knows the action seq applied)
     epoch: int  # the session's reset count when submitted; older epochs' chunks are ignored
@@ -128,6 +130,7 @@ class Session:
         self.last_chunk = 0  # last committed chunk number (session numbering)
         self.acked = 0  # highest chunk the client acked
         self.frames_out = 0  # frames committed so far (frame0 of the next chunk)
+        self.frame: np.ndarray | None = None  # (H, W, 3) uint8 latest committed frame (start frame first)
         self._chunk_base = 0  # session chunk = base + engine chunk (resets restart the engine count)
         self._frame_base = 0
         self._epoch = 0
@@ -179,8 +182,6 @@ class Session:
         resend = [
             FramesEvent(**{**ev.__dict__, "resent": True}) for ev in self._retained if ev.chunk > self.acked
         ]
-        if self.mode == "lockstep" and self.spec.image_start and self.last_chunk == 0 and not self._pending:
-            self._submit("prefill")
         self._pump()
         return resend
 
@@ -208,15 +209,10 @@ class Session:
 
     # -- client input ---------------------------------------------------------------------------
 
-    def _validate(self, keys: Sequence[str], vector: Sequence[float] | None) -> None:
-        space = self.spec.action_space
-        unknown = space.unknown_keys(keys)
-        if unknown:
-            raise InvalidInput(f"unknown keys {unknown}; this model knows {list(space.keys)}", field="keys")
-        if vector is not None and len(vector) != space.vector_dim:
-            raise InvalidInput(
-                f"vector has length {len(vector)}, this model takes {space.vector_dim}", field="vector"
-            )
+    def _validate(self, action: FrameAction) -> None:
+        problem = self.spec.action_space.problem(action)
+        if problem is not None:
+            raise InvalidInput(problem[1], field=problem[0])
 
     def act(
         self, seq: int, keys: Sequence[str], mouse: tuple[float, float], vector: Sequence[float] | None
@@ -227,13 +223,13 @@ class Session:
             raise InvalidInput(
                 "`action` is for realtime sessions; lockstep sessions send `step`", field="type"
             )
-        self._validate(keys, vector)
-        self.buffer.push(
-            seq,
+        action = FrameAction(
             frozenset(keys),
             (float(mouse[0]), float(mouse[1])),
             None if vector is None else tuple(float(v) for v in vector),
         )
+        self._validate(action)
+        self.buffer.push(seq, action.keys, action.mouse, action.vector)
 
     def step(self, seq: int, actions: Sequence[FrameAction]) -> None:
         """Lockstep: generate exactly one chunk with these actions (one per frame, or one for all)."""
@@ -243,7 +239,7 @@ class Session:
                 "`step` is for lockstep sessions; realtime sessions send `action`", field="type"
             )
         for a in actions:
-            self._validate(sorted(a.keys), a.vector)
+            self._validate(a)
         if sum(p.kind == "step" for p in self._pending.values()) >= MAX_STEPS_QUEUED:
             raise RateLimited(f"{MAX_STEPS_QUEUED} steps already outstanding")
         self._submit("step", seq=seq, actions=list(actions))
@@ -284,21 +280,21 @@ class Session:
         self._epoch += 1
         self._et.cancel_stream(self.id)
         try:
-            await self._et.call(_reset, self._et, self.id, cond)
+            info = await self._et.call(_reset, self._et, self.id, cond)
         except (StreamNotFound, EngineDeadError) as exc:
             raise SessionFailed(f"reset failed: {exc}") from exc
         self.cond = cond
+        self.frame = info.frame
         self._chunk_base = self.last_chunk
-        self._frame_base = self.frames_out
+        self._frame_base = self.frames_out  # the new world's frame 0 (its start frame, if any)
+        self.frames_out += info.video_frames
         self.acked = self.last_chunk
         self._retained.clear()
         self.buffer.clear()
         for s in self._cancel_seqs:
             self._emit(CancelledEvent(s, self.last_chunk + 1))
         self._cancel_seqs.clear()
-        self._emit(ReadyEvent(self.last_chunk))
-        if self.mode == "lockstep" and self.spec.image_start:
-            self._submit("prefill")
+        self._emit(ReadyEvent(self.last_chunk, self.frame))
         self._pump()
 
     # -- engine traffic -------------------------------------------------------------------------
@@ -315,7 +311,7 @@ class Session:
 
     def _submit(
         self,
-        kind: Literal["realtime", "step", "prefill"],
+        kind: Literal["realtime", "step"],
         seq: int | None = None,
         actions: list[FrameAction] | None = None,
     ) -> None:
@@ -371,6 +367,7 @@ class Session:
             )
             self.last_chunk = event.chunk
             self.frames_out = event.frame0 + event.frames.shape[0]
+            self.frame = event.frames[-1]
             self.totals.add(event.timings)
             self._retained.append(event)
             self._emit(event)
@@ -389,6 +386,6 @@ class Session:
             )
 
 
-def _reset(et: EngineThread, stream_id: str, cond: Conditioning) -> None:
+def _reset(et: EngineThread, stream_id: str, cond: Conditioning) -> StreamInfo:
     """Engine-thread side of `Session.reset`."""
-    et.engine.reset_stream(stream_id, cond)
+    return et.engine.reset_stream(stream_id, cond)

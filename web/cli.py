@@ -29,7 +29,7 @@ from models import registry
 from models.actions import FrameAction
 from models.game import parse_action_script
 from models.world import World
-from sessions.events import FramesEvent, SessionEvent
+from sessions.events import FramesEvent, ReadyEvent, SessionEvent
 from sessions.manager import OpenParams
 from web import datacli
 from web.app import DTYPES, Runtime, load_worlds
@@ -225,11 +225,13 @@ async def _run_oneshot(
     runtime = Runtime.start(worlds)
     writer = Mp4Writer(out, spec.width, spec.height, spec.fps)
     disk = ThreadPoolExecutor(1, thread_name_prefix="worldserve-mp4")  # one thread: chunks stay in order
-    bar = tqdm(total=len(actions) + (1 if spec.image_start else 0), unit="chunk", desc=spec.id)
+    bar = tqdm(total=len(actions), unit="chunk", desc=spec.id)
     loop = asyncio.get_running_loop()
     writes: list[asyncio.Future[None]] = []
 
     def sink(event: SessionEvent) -> None:
+        if isinstance(event, ReadyEvent) and event.frame is not None:  # the start image is frame 0
+            writes.append(loop.run_in_executor(disk, writer.write, event.frame[None]))
         if isinstance(event, FramesEvent):
             writes.append(loop.run_in_executor(disk, writer.write, event.frames))
             bar.update(1)

@@ -1,5 +1,5 @@
 """The chunk transaction through a bare Engine: determinism, exact cancellation, rollback on
-faults, isolation between sessions, fork, prefill of image-started worlds."""
+faults and non-finite latents, isolation between sessions, fork, prefill of image-started worlds."""
 
 from __future__ import annotations
 
@@ -169,23 +169,156 @@ def test_fork_copies_the_committed_world(world):
     assert np.array_equal(ref_frames[3], diff_a)
 
 
-def test_image_started_world_prefills_the_image_as_chunk_one(image_world):
+def test_image_started_world_prefills_the_image_when_the_stream_is_created(image_world):
     e = make_engine(image_world)
-    e.add_stream("s", "tiny-image", Conditioning(seed=4))
-    first = committed(e, "s")
-    assert first.chunk == 1 and first.frames.shape == (1, 32, 32, 3) and first.frame0 == 0
-    second = committed(e, "s", keys("w"))
-    assert second.chunk == 2 and second.frame0 == 1 and second.frames.shape[0] == 4
-    # a cancelled prefill is retried by the next request
-    e2 = make_engine(image_world)
-    e2.add_stream("s", "tiny-image", Conditioning(seed=4))
-    r = ChunkRequest("s", e2.new_request_id())
-    e2.submit(r)
-    e2.abort([r.request_id])
-    while e2.has_work():
-        e2.step()
-    again = committed(e2, "s")
-    assert np.array_equal(again.frames, first.frames)
+    info = e.add_stream("s", "tiny-image", Conditioning(seed=4))
+    # the start image is committed frame 0, not a chunk: chunk 1 is the first generated one
+    assert info.chunks == 0 and info.latent_frames == 1 and info.video_frames == 1
+    assert info.frame.shape == (32, 32, 3) and info.frame.dtype == np.uint8
+    expected = image_world.decoder.decode(
+        image_world.decoder.encode(image_world._start_image(4)[None]), image_world.decoder.init_cache()
+    )[0][-1].numpy()
+    assert np.array_equal(info.frame, expected)
+    first = committed(e, "s", keys("w"))
+    assert first.chunk == 1 and first.frame0 == 1 and first.frames.shape[0] == 4
+    # reset prefills the new world's start frame the same way
+    again = e.reset_stream("s", Conditioning(seed=4))
+    assert again.chunks == 0 and np.array_equal(again.frame, info.frame)
+    assert np.array_equal(committed(e, "s", keys("w")).frames, first.frames)
+
+
+def test_a_failing_prefill_leaves_nothing_behind(image_world, monkeypatch):
+    e = make_engine(image_world)
+    e.add_stream("ok", "tiny-image", Conditioning(seed=1))
+    before = snapshot(e, "ok")
+
+    def broken(*args, **kw):
+        raise RuntimeError("prefill exploded")
+
+    monkeypatch.setattr(image_world, "context", broken)
+    with pytest.raises(RuntimeError, match="prefill exploded"):
+        e.add_stream("s", "tiny-image", Conditioning(seed=4))
+    assert "s" not in e.runner.streams and len(e.budget) == 1
+    with pytest.raises(RuntimeError, match="prefill exploded"):
+        e.reset_stream("ok", Conditioning(seed=9))
+    assert_same_snapshot(before, snapshot(e, "ok"))  # the old world stays
+
+
+def test_a_cancel_wins_before_the_request_reaches_the_engine(world):
+    e = make_engine(world)
+    e.add_stream("s", "tiny", Conditioning(seed=1))
+    e.submit(ChunkRequest("s", e.new_request_id(), actions=keys("w")))
+    rid = e.new_request_id()  # handed out, still on its way (the EngineThread's input queue)
+    e.abort([rid])
+    e.submit(ChunkRequest("s", rid, actions=keys("d")))
+    outs = {}
+    while e.has_work():
+        outs |= {o.request_id: o for o in e.step()}
+    cancelled = outs[rid]
+    assert isinstance(cancelled, ChunkCancelled) and not cancelled.started and cancelled.chunk == 2
+    assert e.info("s").chunks == 1 and not e._live
+
+
+def test_queued_cancels_name_their_own_chunks(world):
+    e = make_engine(world)
+    e.add_stream("s", "tiny", Conditioning(seed=1))
+    reqs = [ChunkRequest("s", e.new_request_id(), actions=keys("w")) for _ in range(3)]
+    for r in reqs:
+        e.submit(r)
+    e.abort([r.request_id for r in reqs])
+    outs = []
+    while e.has_work():
+        outs += e.step()
+    assert sorted(o.chunk for o in outs) == [1, 2, 3]
+    assert all(isinstance(o, ChunkCancelled) and not o.started for o in outs)
+
+
+class _Exploding:
+    def take(self, n: int) -> list[FrameAction]:
+        raise RuntimeError("source broke")
+
+    def give_back(self, actions) -> None:
+        pass
+
+
+def test_a_failing_action_source_fails_its_chunk_not_the_engine(world):
+    e = make_engine(world)
+    alone = make_engine(world)
+    for eng in (e, alone):
+        eng.add_stream("good", "tiny", Conditioning(seed=2))
+    e.add_stream("bad", "tiny", Conditioning(seed=1))
+    before = snapshot(e, "bad")
+    e.submit(ChunkRequest("bad", e.new_request_id(), source=_Exploding()))
+    e.submit(ChunkRequest("good", e.new_request_id(), actions=keys("d")))
+    outs = {}
+    while e.has_work():
+        outs |= {o.stream_id: o for o in e.step()}
+    assert isinstance(outs["bad"], ChunkFailed) and "source broke" in outs["bad"].message
+    assert_same_snapshot(before, snapshot(e, "bad"))
+    assert np.array_equal(outs["good"].frames, committed(alone, "good", keys("d")).frames)
+    assert committed(e, "bad", keys("w")).chunk == 1  # the stream goes on
+
+
+def test_non_finite_latents_are_rolled_back(world, monkeypatch):
+    e = make_engine(world, max_batch=4)
+    clean = make_engine(world)
+    for eng in (e, clean):
+        for sid, seed in (("bad", 1), ("good", 2)):
+            eng.add_stream(sid, "tiny", Conditioning(seed=seed))
+            committed(eng, sid, keys("w"))
+    before = snapshot(e, "bad")
+    denoise = world.denoise
+
+    def poisoned(x, t, states, slots, acts):
+        pred = denoise(x, t, states, slots, acts)
+        for i, st in enumerate(states):
+            if st is e.runner.streams["bad"].state:
+                pred[i] = float("inf")
+        return pred
+
+    monkeypatch.setattr(world, "denoise", poisoned)
+    e.submit(ChunkRequest("bad", e.new_request_id(), actions=keys("d")))
+    e.submit(ChunkRequest("good", e.new_request_id(), actions=keys("d")))
+    outs = {}
+    while e.has_work():
+        outs |= {o.stream_id: o for o in e.step()}
+    monkeypatch.setattr(world, "denoise", denoise)
+    assert isinstance(outs["bad"], ChunkFailed) and "non-finite" in outs["bad"].message
+    assert_same_snapshot(before, snapshot(e, "bad"))
+    assert np.array_equal(outs["good"].frames, committed(clean, "good", keys("d")).frames)
+    assert np.array_equal(committed(e, "bad", keys("d")).frames, committed(clean, "bad", keys("d")).frames)
+
+
+@pytest.mark.parametrize(
+    ("action", "field"),
+    [
+        (FrameAction(mouse=(1e39, 0.0)), "mouse"),
+        (FrameAction(mouse=(float("nan"), 0.0)), "mouse"),
+        (FrameAction(vector=(1e300, 0.0)), "vector"),
+    ],
+)
+def test_actions_outside_the_documented_range_are_refused(world, action, field):
+    e = make_engine(world)
+    e.add_stream("s", "tiny", Conditioning())
+    space = world.action_space
+    if field == "vector" and space.vector_dim != 2:
+        action = FrameAction(vector=(1e300,) + (0.0,) * (space.vector_dim - 1))
+    with pytest.raises(InvalidRequest) as err:
+        e.submit(ChunkRequest("s", e.new_request_id(), actions=[action]))
+    assert err.value.field == field
+    assert not e._live  # the refused id does not linger
+
+
+def test_remove_stream_frees_device_state_before_the_budget(world):
+    import gc
+    import weakref
+
+    e = make_engine(world)
+    e.add_stream("a", "tiny", Conditioning())
+    cache = weakref.ref(e.runner.streams["a"].state.kv)
+    e.remove_stream("a")
+    gc.collect()
+    assert cache() is None and len(e.budget) == 0
 
 
 def test_client_image_must_match_the_model(image_world):
@@ -196,8 +329,9 @@ def test_client_image_must_match_the_model(image_world):
         e.add_stream("s", "tiny-image", Conditioning(seed=1, image=np.zeros((8, 8, 3), np.uint8)))
     assert len(e.budget) == 0  # the reservation was released
     img = np.full((32, 32, 3), 200, np.uint8)
-    e.add_stream("s", "tiny-image", Conditioning(seed=1, image=img))
-    assert committed(e, "s").frames.shape == (1, 32, 32, 3)
+    info = e.add_stream("s", "tiny-image", Conditioning(seed=1, image=img))
+    assert info.frame.shape == (32, 32, 3)
+    assert committed(e, "s").frames.shape == (4, 32, 32, 3)
 
 
 def test_limits_and_bad_requests(world):

@@ -82,3 +82,38 @@ def test_a_dead_engine_fails_every_future(world):
             et.submit(ChunkRequest("s", engine.new_request_id()))
 
     run(main())
+
+
+def test_a_cancel_right_after_a_submit_wins_while_another_chunk_runs(world):
+    """The step waits in the engine's input queue (the engine is busy with another session's
+    chunk) when the cancel arrives; the cancel must still win. A blocking hook makes it exact."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    def hook(stream_id: str, name: str) -> None:
+        if stream_id == "a" and name == "denoise:0":
+            entered.set()
+            release.wait(10)
+
+    async def main():
+        engine = Engine({"tiny": world}, boundary_hook=hook)
+        et = EngineThread(engine, asyncio.get_running_loop())
+        et.start()
+        try:
+            for sid in ("a", "b"):
+                await et.call(engine.add_stream, sid, "tiny", Conditioning(seed=1))
+            busy = et.submit(ChunkRequest("a", engine.new_request_id()))
+            await asyncio.to_thread(entered.wait, 10)
+            step = et.submit(ChunkRequest("b", engine.new_request_id()))
+            assert et.cancel_stream("b") == 1
+            release.set()
+            out = await step
+            assert isinstance(out, ChunkCancelled) and not out.started and out.chunk == 1
+            assert isinstance(await busy, ChunkCommitted)
+            assert (await et.call(engine.info, "b")).chunks == 0
+        finally:
+            release.set()
+            et.stop()
+
+    run(main())

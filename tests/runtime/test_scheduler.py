@@ -6,10 +6,10 @@ from runtime.requests import ChunkRequest
 from runtime.scheduler import ChunkShape, FifoScheduler
 
 SHAPES = {
-    "a": ChunkShape("m", False, 3),
-    "b": ChunkShape("m", False, 3),
-    "c": ChunkShape("m", True, 1),  # a prefill cannot share a batch with normal chunks
-    "d": ChunkShape("other", False, 3),
+    "a": ChunkShape("m", 3),
+    "b": ChunkShape("m", 3),
+    "c": ChunkShape("m", 1),  # another chunk length cannot share a batch
+    "d": ChunkShape("other", 3),
 }
 
 

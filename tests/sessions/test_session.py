@@ -8,8 +8,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from models.actions import FrameAction
+from models.actions import MAX_ACTION_VALUE, FrameAction
 from runtime.requests import DebugHooks
+from sessions.actions import ActionBuffer
 from sessions.errors import InvalidInput, SessionBusy, SessionNotFound
 from sessions.events import CancelledEvent, ClosedEvent, ErrorEvent, FramesEvent, ReadyEvent
 from sessions.manager import OpenParams
@@ -94,8 +95,7 @@ async def lockstep_frames(m, script, seed=3, model="tiny"):
     s.activate(inbox)
     for i, a in enumerate(script):
         s.step(i, a)
-    expected = len(script) + (1 if s.spec.image_start else 0)
-    frames = await inbox.wait_for(FramesEvent, expected)
+    frames = await inbox.wait_for(FramesEvent, len(script))
     await m.close(s)
     return frames
 
@@ -163,18 +163,23 @@ def test_reset_keeps_numbering_and_announces_ready(worlds):
     async def main():
         async with running(worlds) as m:
             s = await m.open(OpenParams(model="tiny-image", seed=5, mode="lockstep"))
+            start = s.frame
+            assert start.shape == (32, 32, 3) and s.frames_out == 1  # the start image is frame 0
             inbox = Inbox()
             s.activate(inbox)
-            first = (await inbox.wait_for(FramesEvent, 1))[0]
-            assert first.chunk == 1 and first.frames.shape[0] == 1  # the start image
             s.step(0, W)
-            await inbox.wait_for(FramesEvent, 2)
+            (first,) = await inbox.wait_for(FramesEvent, 1)
+            assert first.chunk == 1 and first.frame0 == 1  # chunk 1 is the first generated chunk
+            assert np.array_equal(s.frame, first.frames[-1])
             await m.reset(s, seq=1, seed=6)
             (ready,) = await inbox.wait_for(ReadyEvent)
-            assert ready.chunk == 2
-            frames = await inbox.wait_for(FramesEvent, 3)
-            assert frames[2].chunk == 3 and frames[2].frame0 == frames[1].frame0 + frames[1].frames.shape[0]
-            assert not np.array_equal(frames[2].frames, first.frames)  # a new seed: a new world
+            assert ready.chunk == 1 and ready.frame.shape == (32, 32, 3)
+            assert not np.array_equal(ready.frame, start)  # a new seed: a new start image
+            assert len(inbox.of(FramesEvent)) == 1  # nothing was generated unasked
+            s.step(2, W)
+            frames = await inbox.wait_for(FramesEvent, 2)
+            # the new world's start frame takes one frame number, its chunk 1 the next ones
+            assert frames[1].chunk == 2 and frames[1].frame0 == first.frame0 + first.frames.shape[0] + 1
 
     run(main())
 
@@ -188,7 +193,8 @@ def test_oneshot_equals_lockstep(worlds):
             inbox = Inbox()
             done = await m.generate(OpenParams(model="tiny-image", seed=8), script, chunks=4, sink=inbox)
             got = inbox.of(FramesEvent)
-            assert done.chunks == len(got) == 5 and done.frames == sum(e.frames.shape[0] for e in got)
+            assert done.chunks == len(got) == 4 and done.frames == sum(e.frames.shape[0] for e in got)
+            assert isinstance(inbox.events[0], ReadyEvent) and inbox.events[0].frame.shape == (32, 32, 3)
             for x, y in zip(got, reference, strict=True):
                 assert x.chunk == y.chunk and np.array_equal(x.frames, y.frames)
             assert len(m) == 0 and "denoise" in done.timings
@@ -284,3 +290,25 @@ def test_lockstep_chunks_committed_while_detached_are_all_resent(worlds):
                 s.ack(1)
 
     run(main())
+
+
+def test_out_of_range_actions_are_refused_and_the_world_is_untouched(worlds):
+    async def main():
+        async with running(worlds) as m:
+            s = await m.open(OpenParams(seed=3, mode="realtime"))
+            for mouse, vector, field in [((1e39, 0.0), None, "mouse"), ((0.0, 0.0), [1e300, 0.0], "vector")]:
+                with pytest.raises(InvalidInput) as err:
+                    s.act(1, [], mouse, vector)
+                assert err.value.field == field
+            with pytest.raises(InvalidInput):
+                s.step(1, [FrameAction(mouse=(float("inf"), 0.0))])
+
+    run(main())
+
+
+def test_summed_mouse_motion_stays_in_range():
+    buf = ActionBuffer()
+    for seq in range(5):
+        buf.push(seq, frozenset(), (MAX_ACTION_VALUE, -MAX_ACTION_VALUE), None)
+    actions, _ = buf.take(1)
+    assert actions[0].mouse == (MAX_ACTION_VALUE, -MAX_ACTION_VALUE)

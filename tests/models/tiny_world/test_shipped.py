@@ -70,13 +70,13 @@ def test_rollout_follows_a_held_key(world, key, axis, sign):
     seeds = free_worlds(4, n)  # the simulator moves the view n px in each of them
 
     engine = Engine({world.config.id: world}, max_batch=len(seeds))
+    parts: dict[str, dict[int, np.ndarray]] = {}
     for seed in seeds:
         sid = str(seed)
-        engine.add_stream(sid, world.config.id, Conditioning(seed=seed))
-        engine.submit(ChunkRequest(sid, engine.new_request_id()))
+        start = engine.add_stream(sid, world.config.id, Conditioning(seed=seed)).frame
+        parts[sid] = {0: start[None]}
         for _ in range(n_chunks):
             engine.submit(ChunkRequest(sid, engine.new_request_id(), actions=[FrameAction(frozenset({key}))]))
-    parts: dict[str, dict[int, np.ndarray]] = {str(s): {} for s in seeds}
     while engine.has_work():
         for o in engine.step():
             assert isinstance(o, ChunkCommitted)
