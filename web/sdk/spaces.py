@@ -1,9 +1,10 @@
 """Gymnasium spaces for a world, and the checks that turn a gym action into protocol actions.
 
 A world's ``ready.model.action_space`` becomes a ``Dict``: ``keys`` ``MultiBinary(len(keys))``
-(1 = held), ``mouse`` ``Box(-inf, inf, (2,))`` when the world takes mouse, ``vector``
-``Box(-inf, inf, (vector_dim,))`` when it has one. ``per_frame`` adds a leading axis of
-``chunk_frames``: one action per video frame instead of one for the whole chunk. Observations
+(1 = held), ``mouse`` ``Box(-1e4, 1e4, (2,))`` when the world takes mouse, ``vector``
+``Box(-1e4, 1e4, (vector_dim,))`` when it has one (the server refuses larger values).
+``per_frame`` adds a leading axis of ``chunk_frames``: one action per video frame instead of one
+for the whole chunk. Observations
 are the last frame ``(H, W, 3)`` or the whole chunk ``(chunk_frames, H, W, 3)`` uint8.
 """
 
@@ -18,6 +19,7 @@ from web import messages as m
 __all__ = ["ObsMode", "action_space", "observation", "observation_space", "to_wire", "wire_json"]
 
 ObsMode = Literal["frame", "chunk"]
+MAX_ACTION_VALUE = 1e4  # the server's bound on a mouse delta or vector component (models.actions)
 
 
 def action_space(space: m.ActionSpace, frames: int | None = None) -> spaces.Dict:
@@ -27,9 +29,11 @@ def action_space(space: m.ActionSpace, frames: int | None = None) -> spaces.Dict
     if space.keys:
         fields["keys"] = spaces.MultiBinary([*lead, len(space.keys)])
     if space.mouse:
-        fields["mouse"] = spaces.Box(-np.inf, np.inf, (*lead, 2), np.float32)
+        fields["mouse"] = spaces.Box(-MAX_ACTION_VALUE, MAX_ACTION_VALUE, (*lead, 2), np.float32)
     if space.vector_dim:
-        fields["vector"] = spaces.Box(-np.inf, np.inf, (*lead, space.vector_dim), np.float32)
+        fields["vector"] = spaces.Box(
+            -MAX_ACTION_VALUE, MAX_ACTION_VALUE, (*lead, space.vector_dim), np.float32
+        )
     return spaces.Dict(fields)
 
 
@@ -63,6 +67,8 @@ def _field(action: Mapping[str, Any], name: str, shape: tuple[int, ...]) -> np.n
         raise ValueError(f"action field {name!r}: shape must be {shape}, got {value.shape}")
     if not np.isfinite(value).all():
         raise ValueError(f"action field {name!r}: values must be finite")
+    if name != "keys" and (np.abs(value) > MAX_ACTION_VALUE).any():
+        raise ValueError(f"action field {name!r}: values must be within +-{MAX_ACTION_VALUE:g}")
     return value
 
 

@@ -19,7 +19,7 @@ def test_check_env_passes_including_determinism(server) -> None:
     env = WorldEnv(server.url, render_mode="rgb_array", timings=False)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the unbounded mouse/vector boxes are by design
+            warnings.simplefilter("ignore")  # mouse/vector boxes are +-1e4, not normalized: by design
             check_env(env, skip_render_check=False)
     finally:
         env.close()
@@ -95,6 +95,7 @@ def test_reset_seed_is_the_world_seed(server) -> None:
         ({"keys": np.array([2, 0, 0, 0, 0])}, "keys"),
         ({"keys": np.zeros(4)}, "keys"),
         ({"mouse": np.array([np.nan, 0.0])}, "mouse"),
+        ({"mouse": np.array([2e4, 0.0])}, "mouse"),
         ({"vector": np.zeros(3)}, "vector"),
         ({"jump": 1}, "jump"),
     ],
