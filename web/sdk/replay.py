@@ -24,6 +24,12 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(255**2 / mse)
 
 
+def _psnr_of(squared: float, values: int) -> float:
+    if values == 0:
+        return 0.0
+    return float("inf") if squared == 0 else float(10 * np.log10(255**2 * values / squared))
+
+
 @dataclass(frozen=True)
 class ReplayReport:
     """How a replay compares with its recording."""
@@ -32,7 +38,7 @@ class ReplayReport:
     frames: int  # frames compared
     identical: bool  # every frame bit-identical (and the same chunk and frame numbers)
     psnr_min: float  # worst chunk, dB (inf when identical)
-    psnr_mean: float  # mean over chunks, dB
+    psnr_all: float  # over every frame of the episode, dB
     first_mismatch: int | None  # first chunk that differs, None if none
     lossless: bool  # the recording holds raw frames (an MP4 recording can never be identical)
 
@@ -42,7 +48,7 @@ class ReplayReport:
             return f"replay: {self.chunks} chunks, {self.frames} frames: bit-identical"
         return (
             f"replay: {self.chunks} chunks, {self.frames} frames: differ from chunk {self.first_mismatch}; "
-            f"PSNR min {self.psnr_min:.2f} dB, mean {self.psnr_mean:.2f} dB"
+            f"PSNR worst chunk {self.psnr_min:.2f} dB, episode {self.psnr_all:.2f} dB"
             + ("" if self.lossless else " (the recording is a lossy MP4)")
         )
 
@@ -63,6 +69,7 @@ async def replay(url: str, episode: Episode | str | Path, token: str | None = No
     ready = await session.open()
     seen = 0 if start_frame(ready) is None else 1
     scores: list[float] = []
+    squared, values = 0.0, 0  # squared error over the episode, for its PSNR
     first_mismatch = None
     try:
         for i, (step, want) in enumerate(zip(ep.steps, ep.frames, strict=True)):
@@ -70,7 +77,12 @@ async def replay(url: str, episode: Episode | str | Path, token: str | None = No
             same_numbers = (chunk.chunk - ready.chunk, seen) == (step["chunk"], step["frame0"])
             seen += len(chunk.frames)
             same = same_numbers and chunk.frames.shape == want.shape and np.array_equal(chunk.frames, want)
-            scores.append(psnr(chunk.frames, want) if chunk.frames.shape == want.shape else 0.0)
+            if chunk.frames.shape == want.shape:
+                scores.append(psnr(chunk.frames, want))
+                squared += float(np.sum((chunk.frames.astype(np.float64) - want) ** 2))
+                values += want.size
+            else:
+                scores.append(0.0)
             if not same and first_mismatch is None:
                 first_mismatch = step["chunk"]
     finally:
@@ -80,7 +92,7 @@ async def replay(url: str, episode: Episode | str | Path, token: str | None = No
         frames=sum(len(f) for f in ep.frames),
         identical=first_mismatch is None,
         psnr_min=min(scores, default=float("inf")),
-        psnr_mean=float(np.mean(scores)) if scores else float("inf"),
+        psnr_all=_psnr_of(squared, values),
         first_mismatch=first_mismatch,
         lossless=ep.lossless,
     )

@@ -109,7 +109,8 @@ async def rollout(
         try:
             while not queue.empty():
                 i = queue.get_nowait()
-                frames += await _episode(world, space, i, seed + i, steps, policy, out, video, on_step)
+                made = await _episode(world, space, i, seed + i, steps, policy, out, video, on_step)
+                frames += made  # after the await: `frames += await ...` would read `frames` before it
         finally:
             await world.close()
 
