@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from web import messages as m
 from web.errors import ErrorCode, ServerError
 from web.sdk.gym_env import ENV_ID, WorldEnv
 
@@ -145,5 +146,23 @@ def test_step_before_reset_and_bad_options(server) -> None:
             env.step(ACTION)
         with pytest.raises(ValueError, match="unknown reset options"):
             env.reset(options={"prompt": "x"})
+    finally:
+        env.close()
+
+
+@pytest.mark.skipif("frame" not in m.Ready.model_fields, reason="`ready.frame` has not landed in web/ yet")
+def test_image_started_world_observes_its_start_frame(server) -> None:
+    env = WorldEnv(server.url, model="tiny-image", per_frame=True)
+    try:
+        obs, info = env.reset(seed=2)
+        start = server.manager.get(info["session_id"]).frame
+        assert start is not None and start.any()
+        np.testing.assert_array_equal(obs, start)
+        _, _, _, _, info = env.step({"keys": np.zeros((4, 5), np.int8)})  # a full chunk of 4 actions
+        assert (info["chunk"], info["frame0"], info["frames"]) == (1, 1, 4)
+        image = np.full((32, 32, 3), 200, np.uint8)
+        obs, info = env.reset(seed=2, options={"image": image})  # a new session from this image
+        np.testing.assert_array_equal(obs, server.manager.get(info["session_id"]).frame)
+        assert env.step({})[4]["frame0"] == 1
     finally:
         env.close()
