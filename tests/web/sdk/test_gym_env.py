@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -14,6 +17,17 @@ from web.errors import ErrorCode, ServerError
 from web.sdk.gym_env import ENV_ID, WorldEnv
 
 ACTION = {"keys": np.array([1, 0, 0, 1, 0], np.int8), "mouse": np.array([0.5, -1.0], np.float32)}
+
+
+def test_gym_modules_import_without_torch() -> None:
+    probe = (
+        "import sys, web.sdk.gym_env, web.sdk.vector_env, web.sdk.record, web.sdk.replay, web.sdk.rollout; "
+        "banned = {'torch', 'sessions', 'runtime', 'models', 'diffusers'}; "
+        "print(sorted(banned & {name.split('.')[0] for name in sys.modules}))"
+    )
+    root = Path(__file__).parents[3]
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=root)
+    assert out.stdout.strip() == "[]"
 
 
 def test_check_env_passes_including_determinism(server) -> None:
