@@ -114,13 +114,17 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _rollout(args: argparse.Namespace) -> int:
-    from web.sdk.rollout import load_policy, rollout
+    from web.sdk.record import is_complete
+    from web.sdk.rollout import episode_dir, load_policy, rollout
 
     try:
         policy = load_policy(args.policy)
     except ValueError as exc:
         return _fail(str(exc))
-    bar = tqdm(total=args.episodes * args.steps, unit="chunk", desc="rollout")
+    if args.episodes < 0 or args.steps < 1 or args.concurrency < 1:
+        return _fail("rollout needs --episodes >= 0, --steps >= 1, --concurrency >= 1")
+    todo = sum(not is_complete(episode_dir(args.out, i)) for i in range(args.episodes))
+    bar = tqdm(total=todo * args.steps, unit="chunk", desc="rollout")
     try:
         result = asyncio.run(
             rollout(

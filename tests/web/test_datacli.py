@@ -86,4 +86,5 @@ def test_record_and_replay_commands(url, tmp_path, capsys) -> None:
 def test_bad_policy_and_missing_episode(url, tmp_path, capsys) -> None:
     assert main(["rollout", "--url", url, "--policy", "greedy", "--out", str(tmp_path)]) == 2
     assert "--policy must be" in capsys.readouterr().err
+    assert main(["rollout", "--url", url, "--concurrency", "0", "--out", str(tmp_path)]) == 2
     assert main(["replay", str(tmp_path), "--url", url]) == 2

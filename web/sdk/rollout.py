@@ -93,6 +93,10 @@ async def rollout(
 ) -> RolloutResult:
     """Run ``episodes`` episodes of ``steps`` chunks each into ``out``; ``on_step(frames)`` after
     every chunk (a progress bar)."""
+    if episodes < 0 or steps < 1 or concurrency < 1:
+        raise ValueError(
+            f"need episodes >= 0, steps >= 1, concurrency >= 1; got {episodes}, {steps}, {concurrency}"
+        )
     todo = [i for i in range(episodes) if not is_complete(episode_dir(out, i))]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in todo:
