@@ -34,7 +34,8 @@ def test_rollout_writes_episodes_and_resumes(url, tmp_path, capsys) -> None:
     ]
     assert main(args) == 0
     out = capsys.readouterr()
-    assert "rollout: 3 episodes (0 already done), 21 frames" in out.out and "frames/s" in out.out  # 3 + 4 each
+    # 3 episodes of 3 + 4 frames
+    assert "rollout: 3 episodes (0 already done), 21 frames" in out.out and "frames/s" in out.out
     assert "chunk" in out.err  # the progress bar
     eps = [read_episode(tmp_path / f"episode-{i:05d}") for i in range(3)]
     assert [e.meta["seed"] for e in eps] == [0, 1, 2] and all(e.meta["chunks"] == 2 for e in eps)
