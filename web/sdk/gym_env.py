@@ -30,7 +30,7 @@ from web.sdk.loop import LoopThread
 from web.sdk.spaces import ObsMode, action_space, observation, observation_space, to_wire
 from web.sdk.types import Chunk
 
-__all__ = ["ENV_ID", "MAX_SEED", "RewardFn", "World", "WorldEnv", "start_frame"]
+__all__ = ["ENV_ID", "MAX_SEED", "EnvSession", "RewardFn", "WorldEnv", "start_frame"]
 
 ENV_ID = "worldserve/World-v0"
 MAX_SEED = 2**63 - 1
@@ -43,7 +43,7 @@ def start_frame(ready: m.Ready) -> np.ndarray | None:
     return None if frame is None else np.array(frame, dtype=np.uint8)
 
 
-class World:
+class EnvSession:
     """One world's episode bookkeeping over a :class:`DurableSession` (shared by both gym envs):
     turns gym actions into protocol actions and chunks into observations."""
 
@@ -171,7 +171,7 @@ class WorldEnv(gym.Env[np.ndarray, dict[str, np.ndarray]]):
         self.timeout_s = timeout_s
         self.timings = timings
         self._loop = LoopThread()
-        self.world = World(url, lockstep_open(model, codec, token, debug), obs, per_frame)
+        self.world = EnvSession(url, lockstep_open(model, codec, token, debug), obs, per_frame)
         try:
             self._run(self.world.open())
         except BaseException:

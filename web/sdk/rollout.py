@@ -23,7 +23,7 @@ import numpy as np
 from gymnasium import spaces
 
 from web import messages as m
-from web.sdk.gym_env import World, lockstep_open
+from web.sdk.gym_env import EnvSession, lockstep_open
 from web.sdk.record import EpisodeWriter, VideoFormat, episode_meta, is_complete
 from web.sdk.spaces import action_space
 
@@ -106,7 +106,7 @@ async def rollout(
 
     async def worker() -> None:
         nonlocal frames
-        world = World(url, lockstep_open(model, "raw", token, None), "frame", per_frame=False)
+        world = EnvSession(url, lockstep_open(model, "raw", token, None), "frame", per_frame=False)
         await world.open()
         assert world.model is not None
         space = action_space(world.model.action_space)
@@ -123,7 +123,7 @@ async def rollout(
 
 
 async def _episode(
-    world: World,
+    world: EnvSession,
     space: spaces.Dict,
     i: int,
     world_seed: int,

@@ -23,7 +23,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, iterate
 
 from web import messages as m
-from web.sdk.gym_env import MAX_SEED, RewardFn, World, lockstep_open, reset_options
+from web.sdk.gym_env import MAX_SEED, EnvSession, RewardFn, lockstep_open, reset_options
 from web.sdk.loop import LoopThread
 from web.sdk.spaces import ObsMode, action_space, observation_space
 
@@ -73,7 +73,7 @@ class WorldVectorEnv(VectorEnv):
         self.timings = timings
         self._loop = LoopThread()
         msg = lockstep_open(model, codec, token, debug)
-        self.worlds = [World(url, msg, obs, per_frame) for _ in range(num_envs)]
+        self.worlds = [EnvSession(url, msg, obs, per_frame) for _ in range(num_envs)]
         try:
             self._run(_gather(*(w.open() for w in self.worlds)))
         except BaseException:
