@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +94,41 @@ def test_bad_policy_and_missing_episode(url, tmp_path, capsys) -> None:
     assert "--policy must be" in capsys.readouterr().err
     assert main(["rollout", "--url", url, "--concurrency", "0", "--out", str(tmp_path)]) == 2
     assert main(["replay", str(tmp_path), "--url", url]) == 2
+
+
+@pytest.mark.slow  # about a minute on 2 cores: 16 x 20 chunks of the default world, then 50 more
+def test_the_readme_rollout_commands_run_as_written(tmp_path) -> None:
+    """README's Robotics commands against `worldserve serve` (the default world) on a free port:
+    the same commands, with that port as --url."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", readme, flags=re.S) if "worldserve rollout" in b]
+    lines = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    serve, commands = lines[0], lines[1:]
+    assert serve.startswith("worldserve serve") and serve.endswith("&")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "web.cli", *serve[len("worldserve ") : -1].split(), "--port", "0"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "open http://" in line, line
+        address = line.split("open http://")[1].split()[0]
+        for command in commands:
+            parts = [
+                re.sub(r"^worldserve (\w+)", rf"{sys.executable} -m web.cli \1 --url {address}", c.strip())
+                for c in command.split("&&")
+            ]
+            run = subprocess.run(
+                " && ".join(parts),
+                shell=True,
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert run.returncode == 0, (command, run.stdout[-1000:], run.stderr[-2000:])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(list((tmp_path / "episodes").glob("episode-*/meta.json"))) == 16
+    assert "bit-identical" in run.stdout  # the last command: record one episode, replay it --exact
