@@ -9,6 +9,9 @@ together and it batches them into one forward (up to the server's ``--max-batch`
 behaves exactly like a :class:`~web.sdk.gym_env.WorldEnv` reset with the same seed and stepped
 with the same actions: ``reset(seed=s)`` seeds env ``i`` with ``s + i``.
 
+A server error in one env (e.g. ``internal`` for a chunk the model failed on) is raised once
+every env's step has finished; the other envs did step, so nothing is sent twice.
+
 Autoreset mode: ``NEXT_STEP`` (Gymnasium's default). After env ``i`` ends an episode (truncated
 at ``max_episode_steps``), the next ``step`` ignores its action and resets it instead: its
 observation is the new world's first frame, reward 0, terminated and truncated False.
@@ -141,7 +144,13 @@ class WorldVectorEnv(VectorEnv):
             w.reset(self._world_seed(i), w.image) if wire is None else w.step(wire)
             for i, (w, wire) in enumerate(zip(self.worlds, wires, strict=True))
         ]
-        results = self._run(_gather(*jobs))
+        results = self._run(_gather(*jobs, return_exceptions=True))
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:  # every other env did step (its new frame is its next observation)
+            for i, r in enumerate(results):
+                if not isinstance(r, BaseException):
+                    self._obs[i] = r[0]
+            raise failed[0]
         rewards = np.zeros(self.num_envs, np.float64)
         truncations = np.zeros(self.num_envs, np.bool_)
         infos: dict[str, Any] = {}

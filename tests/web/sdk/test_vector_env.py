@@ -8,7 +8,8 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import web.sdk.gym_env  # noqa: F401 - registers worldserve/World-v0
-from web.sdk.gym_env import WorldEnv
+from web.errors import ErrorCode, ServerError
+from web.sdk.gym_env import EnvSession, WorldEnv, lockstep_open
 from web.sdk.vector_env import WorldVectorEnv
 
 N = 8
@@ -80,5 +81,24 @@ def test_bad_action_in_one_env_sends_nothing(server) -> None:
         assert infos2["_world_seed"].tolist() == [False, True] and infos2["world_seed"][1] == 8
         np.testing.assert_array_equal(obs2[0], obs[0])
         assert not obs2[1].any()
+    finally:
+        envs.close()
+
+
+def test_a_server_error_in_one_env_leaves_the_others_stepped(server) -> None:
+    envs = WorldVectorEnv(2, server.url, timings=False)
+    try:
+        # env 1's model fails its second chunk (a debug hook); env 0 is fine
+        envs._run(envs.worlds[1].close())
+        hooked = lockstep_open(None, "raw", None, {"fail_at_chunk": 2})
+        envs.worlds[1] = EnvSession(server.url, hooked, "frame", per_frame=False)
+        envs._run(envs.worlds[1].open())
+        envs.reset(seed=0)
+        envs.step(envs.action_space.sample())
+        with pytest.raises(ServerError) as info:
+            envs.step(envs.action_space.sample())
+        assert info.value.code is ErrorCode.INTERNAL
+        _, _, _, _, infos = envs.step(envs.action_space.sample())
+        assert infos["chunk"].tolist() == [3, 2]  # env 0 stepped once per call; env 1 made chunk 2 now
     finally:
         envs.close()
