@@ -3,7 +3,7 @@
 A model directory has diffusers' layout plus one file of serving settings::
 
     DIR/worldserve.json                      {"world": WorldConfig, "transformer": CausalWanConfig,
-                                              "decoder": {"kind": "wan" | "fast"},      (default wan)
+                                              "decoder": {"kind": "wan" | "fast" | "taehv"},  (default wan)
                                               "start_image": {"kind": "game", "size": 64}} (optional)
     DIR/transformer/diffusion_pytorch_model.safetensors
     DIR/vae/config.json                      AutoencoderKLWan config, or FastAEConfig for "fast"
@@ -12,9 +12,18 @@ A model directory has diffusers' layout plus one file of serving settings::
 `transformer/config.json` is accepted too when worldserve.json has no "transformer" entry,
 so a plain diffusers Wan checkpoint loads with only a small worldserve.json beside it.
 The decoder kind picks the autoencoder class: diffusers' `AutoencoderKLWan` behind
-`WanStreamingVAE`, or our `FastAutoencoder` behind `FastStreamingDecoder`. A "start_image" entry
-gives image-started worlds a seed -> frame function, so sessions need not send `open.image`
-("game": the built-in simulator's first frame for the seed).
+`WanStreamingVAE`, our `FastAutoencoder` behind `FastStreamingDecoder`, or `TAEHV` behind
+`TAEHVDecoder`. A taehv entry reads no vae/config.json::
+
+    "decoder": {"kind": "taehv",
+                "config": "taew2_1" | TAEHVConfig dict,   (optional, default "taew2_1")
+                "path": "taew2_1.safetensors"}             (optional, default the vae/ weights;
+                                                            relative to DIR, or absolute)
+
+`with_decoder(world, "taehv:PATH")` swaps a loaded world's decoder for TAEHV weights in a local
+file, e.g. madebyollin/taehv's taew2_1.safetensors (`worldserve --decoder taehv:PATH`).
+A "start_image" entry gives image-started worlds a seed -> frame function, so sessions need not
+send `open.image` ("game": the built-in simulator's first frame for the seed).
 
 Registered names: `tiny-random` (seeded random weights, for tests) and `tiny-world` (the shipped
 world of models/tiny_world/, the default).
@@ -34,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from models.causal_wan import ActionConfig, CausalWan, CausalWanConfig
 from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
 from models.sampler import FlowSchedule
+from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
 from models.tiny_world import WEIGHTS_DIR as TINY_WORLD_DIR
 from models.tiny_world import start_image as game_start_image
 from models.vae import StreamingDecoder, WanStreamingVAE
@@ -42,7 +52,8 @@ from models.world import World, WorldConfig
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 # diffusers' own loader drops these keys (Wan I2V leftovers); so do we.
 IGNORED_KEYS = ("norm_added_q",)
-DECODER_KINDS = ("wan", "fast")  # worldserve.json "decoder.kind" values
+DECODER_KINDS = ("wan", "fast", "taehv")  # worldserve.json "decoder.kind" values
+TAEHV_DEFAULT = "taew2_1"  # the TAEHV config of a taehv entry without one, and of `--decoder taehv:PATH`
 START_IMAGE_KINDS = ("game",)  # worldserve.json "start_image.kind" values
 
 
@@ -109,12 +120,12 @@ def start_image_fn(spec: dict | None) -> Callable[[int], np.ndarray] | None:
 
 
 def build_decoder(
-    vae: dict | FastAEConfig,
+    vae: dict | FastAEConfig | TAEHVConfig,
     kind: str = "wan",
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> StreamingDecoder:
-    """A streaming decoder with random weights: Wan's VAE from its config dict, or ours."""
+    """A streaming decoder with random weights: Wan's VAE from its config dict, ours, or TAEHV."""
     if kind == "wan":
         assert isinstance(vae, dict)
         autoencoder = AutoencoderKLWan(**vae).to(device=device)
@@ -124,7 +135,55 @@ def build_decoder(
     if kind == "fast":
         cfg = vae if isinstance(vae, FastAEConfig) else FastAEConfig.from_dict(vae)
         return FastStreamingDecoder(FastAutoencoder(cfg).to(device=device, dtype=dtype))
+    if kind == "taehv":
+        tcfg = vae if isinstance(vae, TAEHVConfig) else TAEHVConfig.from_dict(vae)  # type: ignore[arg-type]
+        return TAEHVDecoder(TAEHV(tcfg).to(device=device, dtype=dtype))
     raise ValueError(f"unknown decoder kind {kind!r}; known: {list(DECODER_KINDS)}")
+
+
+def wrap_decoder(module: torch.nn.Module, kind: str) -> StreamingDecoder:
+    """The streaming decoder of a decoder kind around its (loaded) module."""
+    if kind == "fast":
+        return FastStreamingDecoder(module)  # type: ignore[arg-type]
+    if kind == "taehv":
+        return TAEHVDecoder(module)  # type: ignore[arg-type]
+    return WanStreamingVAE(module)  # type: ignore[arg-type]
+
+
+def taehv_config(spec: str | dict) -> TAEHVConfig:
+    """A worldserve.json taehv "config": a published name (`models.taehv.CONFIGS`) or a dict."""
+    return TAEHVConfig.from_name(spec) if isinstance(spec, str) else TAEHVConfig.from_dict(spec)
+
+
+def load_taehv(
+    path: str | Path,
+    cfg: TAEHVConfig | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> TAEHVDecoder:
+    """TAEHV weights from a local safetensors file (e.g. taew2_1.safetensors), loaded strictly."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no TAEHV weights at {path}")
+    model = TAEHV(cfg or TAEHVConfig.from_name(TAEHV_DEFAULT))
+    load_state(model, path)
+    return TAEHVDecoder(model.to(device=device, dtype=dtype))
+
+
+def with_decoder(world: World, spec: str) -> World:
+    """`world` with its decoder replaced per a CLI spec: "taehv:PATH" (taew2_1-shaped weights)."""
+    kind, sep, path = spec.partition(":")
+    if kind != "taehv" or not sep or not path:
+        raise ValueError(f"decoder {spec!r}: expected taehv:PATH (a local .safetensors file)")
+    dec = load_taehv(path, device=world.device, dtype=world.dtype)
+    return World(
+        world.config,
+        world.transformer,
+        dec,
+        device=world.device,
+        dtype=world.dtype,
+        start_image=world._start_image,
+    )
 
 
 def decoder_module(decoder: StreamingDecoder) -> torch.nn.Module:
@@ -133,18 +192,22 @@ def decoder_module(decoder: StreamingDecoder) -> torch.nn.Module:
         return decoder.ae
     if isinstance(decoder, WanStreamingVAE):
         return decoder.vae
+    if isinstance(decoder, TAEHVDecoder):
+        return decoder.model
     raise TypeError(f"cannot save a {type(decoder).__name__}")
 
 
 def decoder_kind(decoder: StreamingDecoder) -> str:
     """The worldserve.json decoder kind of a streaming decoder."""
+    if isinstance(decoder, TAEHVDecoder):
+        return "taehv"
     return "fast" if isinstance(decoder, FastStreamingDecoder) else "wan"
 
 
 def build_world(
     world: WorldConfig,
     dit: CausalWanConfig,
-    vae: dict | FastAEConfig,
+    vae: dict | FastAEConfig | TAEHVConfig,
     seed: int | None = 0,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -154,7 +217,7 @@ def build_world(
     """Construct a world from configs; weights random from `seed` (None: leave torch's RNG alone).
 
     `decoder` is the decoder kind ("wan": `vae` is an AutoencoderKLWan config; "fast": a
-    FastAEConfig or its dict).
+    FastAEConfig or its dict; "taehv": a TAEHVConfig or its dict).
     """
     if seed is not None:
         torch.manual_seed(seed)
@@ -194,20 +257,24 @@ def save_world(
     (root / "transformer").mkdir(parents=True, exist_ok=True)
     (root / "vae").mkdir(parents=True, exist_ok=True)
     kind = decoder_kind(world.decoder)
+    module = decoder_module(world.decoder)
+    dec_meta: dict = {"kind": kind}
+    if kind == "taehv":
+        dec_meta["config"] = module.cfg.to_dict()  # type: ignore[union-attr]
     meta: dict = {
         "world": world.config.to_dict(),
         "transformer": world.transformer.cfg.to_dict(),
-        "decoder": {"kind": kind},
+        "decoder": dec_meta,
     }
     if start_image is not None:
         meta["start_image"] = start_image
     (root / "worldserve.json").write_text(json.dumps(meta, indent=2))
-    module = decoder_module(world.decoder)
     if kind == "fast":
         vae_config = {"_class_name": "FastAutoencoder", **module.cfg.to_dict()}  # type: ignore[union-attr]
-    elif vae_config is None:
+    elif vae_config is None and kind == "wan":
         vae_config = {k: v for k, v in dict(module.config).items() if not k.startswith("_")}  # type: ignore[union-attr]
-    (root / "vae" / "config.json").write_text(json.dumps(vae_config, indent=2))
+    if vae_config is not None:
+        (root / "vae" / "config.json").write_text(json.dumps(vae_config, indent=2))
     save_file(
         {k: v.contiguous() for k, v in world.transformer.state_dict().items()},
         str(root / "transformer" / WEIGHTS),
@@ -227,9 +294,15 @@ def load_world(
     if tcfg is None:
         tcfg = json.loads((root / "transformer" / "config.json").read_text()) | meta.get("rollout", {})
     dit = CausalWanConfig.from_dict(tcfg)
-    kind = meta.get("decoder", {}).get("kind", "wan")
-    vae_cfg = json.loads((root / "vae" / "config.json").read_text())
-    vae_cfg = {k: v for k, v in vae_cfg.items() if not k.startswith("_")}
+    dec_meta = meta.get("decoder", {})
+    kind = dec_meta.get("kind", "wan")
+    weights = root / "vae" / WEIGHTS
+    if kind == "taehv":
+        vae_cfg: dict | TAEHVConfig = taehv_config(dec_meta.get("config", TAEHV_DEFAULT))
+        weights = root / dec_meta.get("path", weights)  # an absolute path stays as it is
+    else:
+        vae_cfg = json.loads((root / "vae" / "config.json").read_text())
+        vae_cfg = {k: v for k, v in vae_cfg.items() if not k.startswith("_")}
     world = build_world(
         WorldConfig.from_dict(meta["world"]),
         dit,
@@ -239,11 +312,10 @@ def load_world(
         start_image=start_image_fn(meta.get("start_image")),
     )
     load_state(world.transformer, root / "transformer" / WEIGHTS)
-    load_state(decoder_module(world.decoder), root / "vae" / WEIGHTS)
+    load_state(decoder_module(world.decoder), weights)
     if torch.device(device) == torch.device("cpu") and dtype == torch.float32:
         return world
-    module = decoder_module(world.decoder).to(device=device, dtype=dtype)
-    dec = FastStreamingDecoder(module) if kind == "fast" else WanStreamingVAE(module)  # type: ignore[arg-type]
+    dec = wrap_decoder(decoder_module(world.decoder).to(device=device, dtype=dtype), kind)
     return World(
         world.config,
         world.transformer.to(device=device, dtype=dtype),

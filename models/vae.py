@@ -5,10 +5,26 @@ decode whole clips. Here the cache is explicit state: `decode(latents, cache)` r
 and a *new* cache and never mutates the one passed in (the decoder only rebinds cache entries
 to fresh tensors, so a shallow copy of the entry list is a private copy). That is what lets a
 chunk transaction decode, then either commit the new cache or drop it.
+
+Batched decode across sessions (for the runner's decode stage)::
+
+    frames, caches = decode_batch(decoder, latents, caches)
+
+`latents` is a (B, C, n, h, w) tensor or a list of B (C, n_b, h, w) chunks, `caches` the B
+sessions' committed `DecoderCache`s; it returns B uint8 frame tensors (T_b, H, W, 3) on the
+decoder's device and B new caches, each equal (fp32: within float error of a conv over a bigger
+batch) to what `decoder.decode(latents[b], caches[b])` returns. Nothing passed in is mutated, so
+a cancelled session keeps its old cache and the others commit theirs. Decoders with a batched
+path (`WanStreamingVAE`, `TAEHVDecoder`) run sessions at the same stream phase as one forward;
+any other decoder is looped. For the Wan VAE, sessions batch when their caches have the same
+structure (a stream's first and second latent frames use different cache entries; every later
+frame has the same shapes); a new cache's tensors are row views of the batch's cache tensors,
+which are never written, so a kept old cache holds at most one batch's cache tensors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,9 +38,9 @@ from models.actions import FrameLayout
 
 @dataclass(frozen=True)
 class DecoderCache:
-    """Decoder state of one stream: the causal convs' cached tail frames."""
+    """Decoder state of one stream (the Wan VAE: its causal convs' cached tail frames)."""
 
-    feats: tuple  # per causal conv: a tensor, the "Rep" marker, or None (entries are never mutated)
+    feats: tuple  # decoder-specific entries, never mutated (Wan: per causal conv a tensor, "Rep" or None)
     frames: int  # latent frames decoded so far; 0 means the next one starts the stream
 
 
@@ -78,19 +94,47 @@ class WanStreamingVAE:
         return DecoderCache(feats=(None,) * self.n_convs, frames=0)
 
     @torch.no_grad()
+    def decode_float_batch(
+        self, latents: Sequence[torch.Tensor], caches: Sequence[DecoderCache]
+    ) -> tuple[list[torch.Tensor], list[DecoderCache]]:
+        """Per session latents (C, n_b, h, w) normalised and caches -> videos (3, T_b, H, W) in
+        [-1, 1] and the advanced caches; one decoder forward per latent frame and cache structure."""
+        if len(latents) != len(caches):
+            raise ValueError(f"{len(latents)} latent chunks for {len(caches)} caches")
+        feats = [list(c.feats) for c in caches]
+        outs: list[list[torch.Tensor]] = [[] for _ in caches]
+        for i in range(max((z.shape[1] for z in latents), default=0)):
+            live = [b for b, z in enumerate(latents) if z.shape[1] > i]
+            groups: dict[tuple, list[int]] = {}
+            for b in live:
+                groups.setdefault(_structure(feats[b]), []).append(b)
+            for group in groups.values():
+                z = torch.stack([latents[b][:, i : i + 1] for b in group]).to(self.mean.dtype)
+                x = self.vae.post_quant_conv(z * self.std + self.mean)  # (G, C, 1, h, w)
+                batch = [_merge([feats[b][k] for b in group]) for k in range(self.n_convs)]
+                first = caches[group[0]].frames + i == 0  # same structure: all first or none
+                video = self.vae.decoder(x, feat_cache=batch, feat_idx=[0], first_chunk=first)
+                for j, b in enumerate(group):
+                    feats[b] = [_row(f, j, len(group)) for f in batch]
+                    outs[b].append(video[j])
+        videos = [torch.cat(o, dim=1).clamp(-1, 1) for o in outs]  # (3, T, H, W)
+        new = [
+            DecoderCache(feats=tuple(f), frames=c.frames + z.shape[1])
+            for f, c, z in zip(feats, caches, latents, strict=True)
+        ]
+        return videos, new
+
     def decode_float(self, latents: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
         """latents (C, n, h, w) normalised -> video (3, T, H, W) in [-1, 1] and the advanced cache."""
-        z = latents[None].to(self.mean.dtype) * self.std + self.mean
-        x = self.vae.post_quant_conv(z)
-        feats = list(cache.feats)
-        outs = []
-        for i in range(x.shape[2]):
-            first = cache.frames + i == 0
-            outs.append(
-                self.vae.decoder(x[:, :, i : i + 1], feat_cache=feats, feat_idx=[0], first_chunk=first)
-            )
-        video = torch.cat(outs, dim=2)[0].clamp(-1, 1)
-        return video, DecoderCache(feats=tuple(feats), frames=cache.frames + x.shape[2])
+        (video,), (new,) = self.decode_float_batch([latents], [cache])
+        return video, new
+
+    def decode_batch(
+        self, latents: Sequence[torch.Tensor], caches: Sequence[DecoderCache]
+    ) -> tuple[list[torch.Tensor], list[DecoderCache]]:
+        """Per session latents (C, n_b, h, w) -> frames (T_b, H, W, 3) uint8 and the advanced caches."""
+        videos, new = self.decode_float_batch(latents, caches)
+        return [to_uint8(v) for v in videos], new
 
     def decode(self, latents: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
         """latents (C, n, h, w) -> frames (T, H, W, 3) uint8 and the advanced cache."""
@@ -105,3 +149,41 @@ class WanStreamingVAE:
         x = (x / 127.5 - 1.0).permute(3, 0, 1, 2)[None]  # (1, 3, T, H, W)
         z = self.vae.encode(x).latent_dist.mode()
         return ((z - self.mean) / self.std)[0]
+
+
+def decode_batch(
+    decoder: StreamingDecoder,
+    latents: torch.Tensor | Sequence[torch.Tensor],
+    caches: Sequence[DecoderCache],
+) -> tuple[list[torch.Tensor], list[DecoderCache]]:
+    """B sessions' latent chunks (B, C, n, h, w) or [(C, n_b, h, w)] and their caches -> B uint8
+    frame tensors (T_b, H, W, 3) and B new caches, in one batched forward where the decoder has
+    one (see the module docstring); the caches passed in are untouched."""
+    chunks = list(latents.unbind(0)) if isinstance(latents, torch.Tensor) else list(latents)
+    if len(chunks) != len(caches):
+        raise ValueError(f"{len(chunks)} latent chunks for {len(caches)} caches")
+    batched = getattr(decoder, "decode_batch", None)
+    if batched is not None:
+        return batched(chunks, caches)
+    pairs = [decoder.decode(z, c) for z, c in zip(chunks, caches, strict=True)]
+    return [f for f, _ in pairs], [c for _, c in pairs]
+
+
+def _structure(feats: Sequence) -> tuple:
+    """What must match for two Wan caches to batch: each entry's kind and per-row shape."""
+    return tuple(f if not isinstance(f, torch.Tensor) else tuple(f.shape[1:]) for f in feats)
+
+
+def _merge(entries: list):
+    """One batched cache entry from the sessions' entries (all None, all "Rep", or tensors)."""
+    first = entries[0]
+    if not isinstance(first, torch.Tensor) or len(entries) == 1:
+        return first
+    return torch.cat(entries)
+
+
+def _row(entry, j: int, rows: int):
+    """Session j's cache entry from a batched one (a row view; the batch tensor is never written)."""
+    if not isinstance(entry, torch.Tensor) or rows == 1:
+        return entry
+    return entry[j : j + 1]

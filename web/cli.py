@@ -2,6 +2,7 @@
 
     worldserve serve    [--host 127.0.0.1] [--port 8000] [--model NAME]... [--device cpu] [...]
     worldserve generate [--model NAME] [--seed 0] [--chunks N] [--actions "d*16,a*16"] --out run.mp4
+                        (both: [--decoder taehv:PATH] decodes with TAEHV weights from a local file)
     worldserve models
     worldserve record | replay | rollout   (web.datacli: episodes from a running server)
 
@@ -77,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         "--token", default=None, help=f"require this token in open/generate (or env {TOKEN_ENV})"
     )
     serve.add_argument("--debug-hooks", action="store_true", help="accept open.debug (tests only)")
+    _limit_args(serve)
     serve.set_defaults(run=_serve)
 
     generate = commands.add_parser("generate", help="one-shot: run a world in-process, write an MP4")
@@ -104,6 +106,43 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _limit_args(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s abuse limits (web.hub.ServerConfig holds their defaults)."""
+    d = ServerConfig()
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        help="open websockets; more get HTTP 503 (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--sessions-per-connection",
+        type=int,
+        default=d.sessions_per_connection,
+        help="live sessions one connection may create, forks included (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--forks-per-connection",
+        type=int,
+        default=d.forks_per_connection,
+        help="forks one connection may make (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=d.idle_timeout_s,
+        help="seconds without a client message before a session is closed; 0: never (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="also accept websockets from this browser origin, e.g. https://app.example "
+        "(repeatable; * for any; default: same origin and non-browser clients only)",
+    )
+
+
 def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
     parser.add_argument(
         "--model",
@@ -116,11 +155,17 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="(default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--decoder", default=None, help="taehv:PATH: decode with TAEHV (taew2_1) weights from a local file"
+    )
 
 
 def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World] | None:
     try:
-        return load_worlds(names, args.device, args.dtype)
+        worlds = load_worlds(names, args.device, args.dtype)
+        if args.decoder:
+            worlds = {k: registry.with_decoder(w, args.decoder) for k, w in worlds.items()}
+        return worlds
     except (KeyError, OSError, ValueError) as exc:
         print(f"worldserve: cannot load {', '.join(names)}: {exc}", file=sys.stderr)
         print(
@@ -146,6 +191,11 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         detach_ttl_s=args.detach_ttl,
         max_batch=args.max_batch,
+        max_connections=args.max_connections,
+        sessions_per_connection=args.sessions_per_connection,
+        forks_per_connection=args.forks_per_connection,
+        idle_timeout_s=args.idle_timeout,
+        allow_origins=tuple(args.allow_origin),
     )
     asyncio.run(_serve_until_signalled(Server(worlds, config)))
     return 0

@@ -44,6 +44,7 @@ __all__ = [
     "RawEncoder",
     "codec_string_from_sps",
     "decode_jpeg",
+    "encode_still",
     "make_encoder",
     "nal_units",
 ]
@@ -334,3 +335,12 @@ class ChunkDecoder:
         if not frames:
             return np.empty((0, 0, 0, 3), np.uint8)
         return np.stack(frames)
+
+
+def encode_still(image: np.ndarray) -> bytes:
+    """One picture shown on its own (``ready.frame``) as a JPEG: 4:4:4 at quality 95, since a
+    single still costs little and small pixel-art worlds lose their colours to 4:2:0."""
+    (rgb,) = _check_frames(image[None])
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="JPEG", quality=95, subsampling=0)
+    return buf.getvalue()

@@ -10,6 +10,7 @@ Each websocket is served by a :class:`~web.connection.Connection`; plain HTTP by
 never on the engine thread.
 """
 
+import ipaddress
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -21,12 +22,13 @@ from websockets.asyncio.server import ServerConnection, serve
 from models.world import World
 from sessions.manager import SessionManager
 from web import metrics
+from web.admission import Admission
 from web.app import Runtime
 from web.connection import Connection
 from web.hub import Hub, ServerConfig
 from web.routes import SESSION_PATH, Routes
 
-__all__ = ["Server", "ServerConfig"]
+__all__ = ["Server", "ServerConfig", "exposure_warning"]
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +92,17 @@ class Server:
             cfg.host,
             cfg.port,
             compression=None,  # deflate costs 25-35x on video payloads
-            process_request=Routes(manager, cfg.static_dir),
+            process_request=Routes(
+                manager, cfg.static_dir, Admission(cfg.max_connections, cfg.allow_origins)
+            ),
             max_size=cfg.max_message * HARD_LIMIT_FACTOR,
             ping_interval=cfg.ping_interval_s,
             ping_timeout=cfg.ping_timeout_s,
         )
         log.info("= serving %s at %s", sorted(self.worlds), self.url)
+        warning = exposure_warning(cfg)
+        if warning is not None:
+            log.warning(warning)
 
     async def stop(self) -> None:
         """Close every session (clients get `closed`, reason shutdown), the listener, the engine."""
@@ -122,3 +129,22 @@ class Server:
     async def _handle(self, ws: ServerConnection) -> None:
         assert self._hub is not None
         await Connection(ws, self._hub).run()
+
+
+def exposure_warning(config: ServerConfig) -> str | None:
+    """The warning to log when the server listens beyond loopback with no token, else None."""
+    if config.token is not None or _loopback(config.host):
+        return None
+    return (
+        f"listening on {config.host or 'every interface'} without --token: anyone who can reach "
+        "this port can open sessions"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name (it may resolve anywhere) or "" (every interface)
+        return False

@@ -1,5 +1,6 @@
-"""Model directories round-trip through save_world/load_world for both decoder kinds, with the
-decoder kind and the start image declared in worldserve.json; tiny-random still builds."""
+"""Model directories round-trip through save_world/load_world for every decoder kind, with the
+decoder kind and the start image declared in worldserve.json; tiny-random still builds; a loaded
+world takes TAEHV weights from a local file (`with_decoder`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from models.fast_decoder import FastAEConfig, FastStreamingDecoder
 from models.registry import (
@@ -20,7 +22,9 @@ from models.registry import (
     save_world,
     start_image_fn,
     tiny_random_configs,
+    with_decoder,
 )
+from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
 from models.vae import WanStreamingVAE
 from models.world import Conditioning
 
@@ -74,3 +78,53 @@ def test_start_image_kinds():
     assert frame.shape == (64, 64, 3) and frame.dtype == np.uint8
     with pytest.raises(ValueError, match="start_image kind"):
         start_image_fn({"kind": "webcam"})
+
+
+TINY_TAEHV = TAEHVConfig(
+    latent_channels=8,
+    enc_width=8,
+    enc_time_down=(True, False, False),
+    dec_widths=(8, 8, 8, 8),
+    dec_time_up=(False, False, True),
+    blocks=1,
+)
+
+
+def test_taehv_world_round_trips_and_reads_weights_from_a_path(tmp_path: Path):
+    world_cfg, dit, _ = tiny_random_configs()
+    world = build_world(replace(world_cfg, id="taehv"), dit, TINY_TAEHV, seed=2, decoder="taehv")
+    save_world(world, tmp_path / "dir")
+    meta = json.loads((tmp_path / "dir" / "worldserve.json").read_text())
+    assert meta["decoder"]["kind"] == "taehv" and "path" not in meta["decoder"]
+    assert TAEHVConfig.from_dict(meta["decoder"]["config"]) == TINY_TAEHV
+    loaded = load_world(tmp_path / "dir")
+    assert isinstance(loaded.decoder, TAEHVDecoder) and loaded.decoder.model.cfg == TINY_TAEHV
+    assert same_weights(loaded.decoder.model, world.decoder.model)
+    # weights elsewhere, named by "path" (absolute here; relative paths are read from the directory)
+    (tmp_path / "dir" / "vae" / "diffusion_pytorch_model.safetensors").rename(tmp_path / "w.safetensors")
+    meta["decoder"]["path"] = str(tmp_path / "w.safetensors")
+    (tmp_path / "dir" / "worldserve.json").write_text(json.dumps(meta))
+    assert same_weights(load_world(tmp_path / "dir").decoder.model, world.decoder.model)
+
+
+def test_with_decoder_swaps_in_taehv_weights_from_a_local_file(tmp_path: Path):
+    world_cfg, dit, _ = tiny_random_configs()  # a tiny DiT on Wan-shaped latents: 16 ch, 4 frames each
+    dit = replace(dit, in_channels=16, out_channels=16, action=replace(dit.action, frames_per_latent=4))
+    small = TAEHVConfig(enc_width=8, dec_widths=(8, 8, 8, 8), blocks=1)
+    world = build_world(replace(world_cfg, id="wan16"), dit, small, seed=0, decoder="taehv")
+    torch.manual_seed(5)
+    weights = TAEHV(TAEHVConfig()).state_dict()  # taew2_1's shapes
+    path = tmp_path / "taew2_1.safetensors"
+    save_file(weights, str(path))
+    swapped = with_decoder(world, f"taehv:{path}")
+    assert swapped.transformer is world.transformer and swapped.config == world.config
+    assert isinstance(swapped.decoder, TAEHVDecoder) and swapped.decoder.model.cfg == TAEHVConfig()
+    own = swapped.decoder.model.state_dict()
+    assert all(torch.equal(own[k], weights[k]) for k in weights)
+    state = swapped.init_state(Conditioning(seed=1))
+    frames, _ = swapped.decode(torch.randn(16, 2, 8, 8), state)
+    assert frames.shape == (5, 64, 64, 3)
+    with pytest.raises(ValueError, match="expected taehv:PATH"):
+        with_decoder(world, str(path))
+    with pytest.raises(ValueError, match="latent channels"):  # tiny-random's DiT takes 8 channels
+        with_decoder(from_name("tiny-random"), f"taehv:{path}")

@@ -8,13 +8,16 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import av
 import pytest
+from safetensors.torch import save_file
 
 from models import registry
 from models.registry import save_world
+from models.taehv import TAEHV, TAEHVConfig
 from web.cli import main, script_actions
 from web.errors import ServerError
 from web.sdk import Client
@@ -73,6 +76,24 @@ def test_generate_writes_an_mp4(worlds, tmp_path: Path, capsys: pytest.CaptureFi
 def test_unknown_model_exits_with_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--model", "no-such-world"]) == 2
     assert "cannot load no-such-world" in capsys.readouterr().err
+
+
+def test_generate_decodes_with_taehv_weights_from_a_local_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world_cfg, dit, _ = registry.tiny_random_configs()  # a tiny DiT on Wan-shaped latents
+    dit = replace(dit, in_channels=16, out_channels=16, action=replace(dit.action, frames_per_latent=4))
+    small = TAEHVConfig(enc_width=8, dec_widths=(8, 8, 8, 8), blocks=1)
+    world = registry.build_world(replace(world_cfg, id="wan16"), dit, small, seed=0, decoder="taehv")
+    save_world(world, tmp_path / "wan16")
+    weights = tmp_path / "taew2_1.safetensors"
+    save_file(TAEHV(TAEHVConfig()).state_dict(), str(weights))  # taew2_1's keys and shapes
+    out = tmp_path / "run.mp4"
+    args = ["generate", "--model", str(tmp_path / "wan16"), "--chunks", "2", "--out", str(out)]
+    assert main([*args, "--decoder", f"taehv:{weights}"]) == 0
+    assert "wrote 13 frames" in capsys.readouterr().out  # 2 latent frames a chunk: 1 + 4, then 8
+    assert main([*args, "--decoder", "wan:x"]) == 2
+    assert "expected taehv:PATH" in capsys.readouterr().err
 
 
 def test_serve_prints_the_url_and_stops_on_sigint() -> None:
