@@ -38,9 +38,9 @@ RewardFn = Callable[[np.ndarray, Any, dict[str, Any]], float]
 
 
 def start_frame(ready: m.Ready) -> np.ndarray | None:
-    """The start frame ``ready`` carries for an image-started world (None for other worlds)."""
-    frame = getattr(ready, "frame", None)  # `ready.frame` comes with the start-frame protocol addition
-    return None if frame is None else np.array(frame, dtype=np.uint8)
+    """The start frame ``ready`` carries for an image-started world, as a fresh (H, W, 3) uint8
+    array (None for other worlds: they have no frame before their first chunk)."""
+    return None if ready.frame is None else np.array(ready.frame, dtype=np.uint8)
 
 
 class EnvSession:

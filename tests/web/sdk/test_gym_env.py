@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from web import messages as m
 from web.errors import ErrorCode, ServerError
 from web.sdk.gym_env import ENV_ID, WorldEnv
 
@@ -164,7 +163,6 @@ def test_step_before_reset_and_bad_options(server) -> None:
         env.close()
 
 
-@pytest.mark.skipif("frame" not in m.Ready.model_fields, reason="`ready.frame` has not landed in web/ yet")
 def test_image_started_world_observes_its_start_frame(server) -> None:
     env = WorldEnv(server.url, model="tiny-image", per_frame=True)
     try:
