@@ -5,6 +5,7 @@
                         (both: [--decoder taehv:PATH] decodes with TAEHV weights from a local file)
     worldserve models
     worldserve convert --from self-forcing|matrix-game-2|fastvideo SRC... [--config FILE] --out DIR
+    worldserve record | replay | rollout   (web.datacli: episodes from a running server)
 
 ``serve`` loads the worlds (registry names or local model directories; the default is the
 registry's ``DEFAULT_MODEL``), starts the engine, the sessions and the websocket/HTTP endpoint,
@@ -35,7 +36,7 @@ from models.game import parse_action_script
 from models.world import World
 from sessions.events import FramesEvent, ReadyEvent, SessionEvent
 from sessions.manager import OpenParams
-from web import convertcli
+from web import convertcli, datacli
 from web.app import DTYPES, Runtime, load_worlds
 from web.server import Server, ServerConfig
 from web.startup import StartupError, check_bind, check_out, check_port, resolve_device
@@ -114,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the registered worlds")
     models.set_defaults(run=_models)
     convertcli.register(commands)  # web/convertcli.py
+    datacli.register(commands)  # web/datacli.py
     return parser
 
 

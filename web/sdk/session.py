@@ -109,6 +109,11 @@ class Session:
         await self.send(msg)
         return await self._wait(key)
 
+    async def call(self, msg: m.ClientMessage, key: Key, seq: int | None) -> Any:
+        """Send ``msg`` and wait for the reply filed under ``key`` (see :mod:`web.sdk.core`); an
+        `error` carrying ``seq`` answers it instead."""
+        return await self._call(msg, key, seq)
+
     # -- lockstep -------------------------------------------------------------------------------
 
     async def step(self, actions: ActionLike | Sequence[ActionLike]) -> np.ndarray:
