@@ -61,6 +61,14 @@ class UnknownModelError(KeyError):
     """No model of that name (the protocol's `not_found`)."""
 
 
+class UnsupportedModelError(ValueError):
+    """A model directory needs something this server cannot run yet (its worldserve.json "requires")."""
+
+
+# worldserve.json "requires" entries this build can serve (models/convert/output.py writes them)
+SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset()
+
+
 def tiny_random_configs() -> tuple[WorldConfig, CausalWanConfig, dict]:
     """`tiny-random`: seeded random weights, small enough for CPU tests (64x64, 4 frames a chunk)."""
     world = WorldConfig(
@@ -290,6 +298,12 @@ def load_world(
     if not (root / "worldserve.json").is_file():
         raise FileNotFoundError(f"{root} is not a model directory (no worldserve.json)")
     meta = json.loads((root / "worldserve.json").read_text())
+    missing = [r for r in meta.get("requires", []) if r not in SUPPORTED_REQUIREMENTS]
+    if missing:
+        raise UnsupportedModelError(
+            f"{root}: this {meta.get('family', 'model')} directory needs {', '.join(missing)}, "
+            "which this server cannot run yet (see docs/MODELS.md)"
+        )
     tcfg = meta.get("transformer")
     if tcfg is None:
         tcfg = json.loads((root / "transformer" / "config.json").read_text()) | meta.get("rollout", {})

@@ -241,8 +241,10 @@ class TAEHVDecoder:
     """`StreamingDecoder` over a `TAEHV`: the cache is each decoder MemBlock's last input frame.
 
     `decode(latents, cache)` returns a new cache and never mutates the one passed in: the cache
-    holds only fresh tensors (copies of one frame each). A cache with `frames == 0` and no
-    tensors starts a stream; its first latent frame keeps only its last video frame.
+    holds only fresh one-frame copies (after a batched decode, a session's rows of them), which
+    nothing writes. A cache with `frames == 0` and no tensors starts a stream; its first latent
+    frame keeps only its last video frame. The decode runs a whole chunk per layer at once
+    (memory O(chunk)); frames leave only at commit, so nothing is gained by going frame by frame.
     """
 
     def __init__(self, model: TAEHV) -> None:

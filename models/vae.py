@@ -38,9 +38,9 @@ from models.actions import FrameLayout
 
 @dataclass(frozen=True)
 class DecoderCache:
-    """Decoder state of one stream: the causal convs' cached tail frames."""
+    """Decoder state of one stream (the Wan VAE: its causal convs' cached tail frames)."""
 
-    feats: tuple  # per causal conv: a tensor, the "Rep" marker, or None (entries are never mutated)
+    feats: tuple  # decoder-specific entries, never mutated (Wan: per causal conv a tensor, "Rep" or None)
     frames: int  # latent frames decoded so far; 0 means the next one starts the stream
 
 

@@ -2,7 +2,8 @@
 
 No sockets and no torch: web/ hands it plain parameters and a sink for events; the engine
 thread does every piece of device work. Limits: `max_sessions` live sessions (detached ones
-count until their TTL), and the engine's own KV budget; both answer `busy`.
+count until their TTL, but an `open` at the limit closes the longest-detached one, so only
+attached sessions can fill the server), and the engine's own KV budget; both answer `busy`.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class SessionManager:
             raise InvalidInput(
                 "debug hooks are off on this server (start it with --debug-hooks)", field="debug"
             )
-        if len(self._sessions) >= self.max_sessions:
+        if len(self._sessions) >= self.max_sessions and not self._evict_detached():
             raise SessionBusy(f"server is full ({self.max_sessions} sessions); retry later")
         cond = self._conditioning(model_id, params)
         session = self._new(model_id, params.mode, params.max_ahead, cond)
@@ -159,6 +160,17 @@ class SessionManager:
         dst.detach()
         self._by_token[dst.resume_token] = dst
         return dst
+
+    def _evict_detached(self) -> bool:
+        """Close the session detached the longest (its token dies: `not_found`) to make room for
+        an active client; False when every session is attached."""
+        detached = [s for s in self._sessions.values() if s.status is SessionStatus.DETACHED]
+        if not detached:
+            return False
+        oldest = min(detached, key=lambda s: s.detached_at or 0.0)
+        log.info("= session %s evicted (detached, server full)", oldest.id)
+        oldest.finish(SessionStatus.EXPIRED)  # frees its engine stream before the new one is added
+        return True
 
     async def close(self, session: Session, status: SessionStatus = SessionStatus.CLOSED) -> None:
         """End a session and free its world."""

@@ -2,7 +2,7 @@
 
 Lifecycle (`SessionStatus`, ordered so that `is_finished` is one comparison)::
 
-    OPENING -> ACTIVE <-> DETACHED -> CLOSED | EXPIRED | DONE | FAILED | SHUTDOWN
+    OPENING -> ACTIVE <-> DETACHED -> CLOSED | EXPIRED | DONE | FAILED | SHUTDOWN | IDLE
 
 realtime  the session keeps chunks coming while it is ACTIVE, not paused, and has credits:
           chunks in flight + committed-but-unacked chunks < max_ahead. Each chunk reads the
@@ -65,6 +65,7 @@ class SessionStatus(enum.IntEnum):
     DONE = 12  # a one-shot run finished
     FAILED = 13  # the engine failed
     SHUTDOWN = 14  # the server stopped
+    IDLE = 15  # its client sent nothing for the server's idle timeout
 
     @property
     def is_finished(self) -> bool:
@@ -79,6 +80,7 @@ FINISHED_REASON = {
     SessionStatus.DONE: "done",
     SessionStatus.FAILED: "error",
     SessionStatus.SHUTDOWN: "shutdown",
+    SessionStatus.IDLE: "idle",
 }
 
 

@@ -1,14 +1,19 @@
 """The ``worldserve`` command.
 
-    worldserve serve    [--host 127.0.0.1] [--port 8000] [--model NAME]... [--device cpu] [...]
+    worldserve serve    [--host 127.0.0.1] [--port 8000] [--model NAME]... [--device auto] [...]
     worldserve generate [--model NAME] [--seed 0] [--chunks N] [--actions "d*16,a*16"] --out run.mp4
                         (both: [--decoder taehv:PATH] decodes with TAEHV weights from a local file)
     worldserve models
+    worldserve convert --from self-forcing|matrix-game-2|fastvideo SRC... [--config FILE] --out DIR
+    worldserve record | replay | rollout   (web.datacli: episodes from a running server)
 
 ``serve`` loads the worlds (registry names or local model directories; the default is the
 registry's ``DEFAULT_MODEL``), starts the engine, the sessions and the websocket/HTTP endpoint,
 and prints the URL to open. ``generate`` runs a one-shot in-process through the same engine and
 ``SessionManager.generate`` and writes an MP4. ``models`` lists the registered worlds.
+
+Bad settings (a port out of range or in use, a device this machine lacks, an ``--out`` that
+cannot be written) are found before any model loads: one line on stderr, exit status 2.
 """
 
 import argparse
@@ -31,8 +36,10 @@ from models.game import parse_action_script
 from models.world import World
 from sessions.events import FramesEvent, ReadyEvent, SessionEvent
 from sessions.manager import OpenParams
+from web import convertcli, datacli
 from web.app import DTYPES, Runtime, load_worlds
 from web.server import Server, ServerConfig
+from web.startup import StartupError, check_bind, check_out, check_port, resolve_device
 from web.video import Mp4Writer
 
 __all__ = ["main", "script_actions"]
@@ -46,9 +53,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``worldserve`` script; returns the exit status."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
-    return args.run(args)
+    try:
+        threads = getattr(args, "threads", None)
+        if threads is not None:
+            if threads < 1:
+                raise StartupError(f"--threads {threads}: must be at least 1")
+            torch.set_num_threads(threads)
+        return args.run(args)
+    except StartupError as exc:
+        print(f"worldserve: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
         "--token", default=None, help=f"require this token in open/generate (or env {TOKEN_ENV})"
     )
     serve.add_argument("--debug-hooks", action="store_true", help="accept open.debug (tests only)")
+    _limit_args(serve)
     serve.set_defaults(run=_serve)
 
     generate = commands.add_parser("generate", help="one-shot: run a world in-process, write an MP4")
@@ -99,7 +114,46 @@ def _parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="list the registered worlds")
     models.set_defaults(run=_models)
+    convertcli.register(commands)  # web/convertcli.py
+    datacli.register(commands)  # web/datacli.py
     return parser
+
+
+def _limit_args(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s abuse limits (web.hub.ServerConfig holds their defaults)."""
+    d = ServerConfig()
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        help="open websockets; more get HTTP 503 (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--sessions-per-connection",
+        type=int,
+        default=d.sessions_per_connection,
+        help="live sessions one connection may create, forks included (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--forks-per-connection",
+        type=int,
+        default=d.forks_per_connection,
+        help="forks one connection may make (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=d.idle_timeout_s,
+        help="seconds without a client message before a session is closed; 0: never (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="also accept websockets from this browser origin, e.g. https://app.example "
+        "(repeatable; * for any; default: same origin and non-browser clients only)",
+    )
 
 
 def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
@@ -111,7 +165,9 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
         + (" (repeatable; the first is the default)" if repeatable else "")
         + f" (default: {registry.DEFAULT_MODEL})",
     )
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+    parser.add_argument(
+        "--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ..."
+    )
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="(default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument(
@@ -150,6 +206,9 @@ def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World] | 
 
 
 def _serve(args: argparse.Namespace) -> int:
+    check_port(args.port)
+    args.device = resolve_device(args.device)
+    check_bind(args.host, args.port)
     worlds = _load(args.model or [registry.DEFAULT_MODEL], args)
     if worlds is None:
         return 2
@@ -162,13 +221,23 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         detach_ttl_s=args.detach_ttl,
         max_batch=args.max_batch,
+        max_connections=args.max_connections,
+        sessions_per_connection=args.sessions_per_connection,
+        forks_per_connection=args.forks_per_connection,
+        idle_timeout_s=args.idle_timeout,
+        allow_origins=tuple(args.allow_origin),
     )
     asyncio.run(_serve_until_signalled(Server(worlds, config)))
     return 0
 
 
 async def _serve_until_signalled(server: Server) -> None:
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:  # the port was taken between check_bind and now
+        await server.stop()
+        where = f"{server.config.host}:{server.config.port}"
+        raise StartupError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -214,6 +283,12 @@ def script_actions(world: World, script: str, chunks: int | None) -> list[list[F
 
 
 def _generate(args: argparse.Namespace) -> int:
+    check_out(args.out)
+    args.device = resolve_device(args.device)
+    try:
+        parse_action_script(args.actions)
+    except ValueError as exc:
+        raise StartupError(f"--actions: {exc}") from exc
     name = args.model or registry.DEFAULT_MODEL
     worlds = _load([name], args)
     if worlds is None:

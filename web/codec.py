@@ -16,11 +16,15 @@ Every message is one binary websocket frame holding one msgpack map with a strin
 * Unpacked arrays are copies: msgpack hands out read-only buffers, and downstream code writes.
 
 Parsing is bounded before any allocation (message size, msgpack string/bin/array/map lengths, ext
-types refused, nesting depth, number of containers) and raises only :class:`ProtocolError`, with
-the protocol's error code, for any input at all.
+types refused) and while msgpack builds the tree: msgpack's hooks count maps and arrays as they are
+built and stop at ``MAX_CONTAINERS``, so a megabyte of nested empty arrays costs a few milliseconds,
+not the half second it takes to build a million lists. Then nesting depth is checked, and only then
+does pydantic validate, over at most ``MAX_CONTAINERS`` objects. Any input at all raises only
+:class:`ProtocolError`, with the protocol's error code.
 """
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -42,7 +46,9 @@ from web.messages import (
 
 __all__ = [
     "ALLOWED_DTYPES",
+    "MAX_CONTAINERS",
     "MAX_ELEMENTS",
+    "ParseCost",
     "encode",
     "pack_array",
     "parse_client",
@@ -71,7 +77,10 @@ MAX_NDIM = 4
 MAX_ELEMENTS = 1 << 28  # per array; also bounds each dimension (a zero dim would hide a huge one)
 
 MAX_DEPTH = 16  # nesting of maps/arrays; the deepest v1 message (generate) needs 6
-MAX_CONTAINERS = 65_536  # maps + arrays per message: each becomes objects to validate (a DoS)
+# Maps + arrays per message. Each becomes objects to build and validate (~1-2 us each), so this
+# is what bounds the event-loop time of one message (~5 ms; benchmarks/parse_cost.py); a
+# `generate` of 1000 chunks with one keyed action each still fits.
+MAX_CONTAINERS = 4096
 MAX_MAP_LEN = 64  # keys per map; no v1 map has more than a dozen
 MAX_ARRAY_LEN = MAX_CHUNKS  # items per msgpack array: generate.actions is the longest
 
@@ -141,13 +150,21 @@ def _pack_default(obj: object) -> object:
     raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
-def parse_client(data: bytes | str, *, max_size: int) -> ClientMessage:
+@dataclass
+class ParseCost:
+    """What parsing one message took, for callers that charge for it (the rate limiter)."""
+
+    containers: int = 0  # maps + arrays msgpack built (up to MAX_CONTAINERS + 1 when refused)
+
+
+def parse_client(data: bytes | str, *, max_size: int, cost: ParseCost | None = None) -> ClientMessage:
     """The client message in one websocket frame (a ``str`` is a text frame).
 
     Raises ProtocolError: ``too_large`` (fatal) over ``max_size`` bytes; ``bad_message`` for a
     text frame, bytes that are not one bounded msgpack map with string keys; ``unknown_type``
     for a missing or unknown ``type``; ``invalid_field`` naming the first bad field. Errors
-    carry the message's ``seq`` when it had a valid one.
+    carry the message's ``seq`` when it had a valid one (not when unpacking itself failed).
+    ``cost``, if given, is filled in whether parsing succeeds or not.
     """
     if isinstance(data, str):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "text frame; protocol v1 uses binary frames")
@@ -155,17 +172,18 @@ def parse_client(data: bytes | str, *, max_size: int) -> ClientMessage:
         raise ProtocolError(
             ErrorCode.TOO_LARGE, f"message of {len(data)} bytes; at most {max_size}", fatal=True
         )
-    return _parse(data, max_size=max_size, types=CLIENT_TYPES, adapter=CLIENT_ADAPTER)
+    return _parse(data, max_size=max_size, types=CLIENT_TYPES, adapter=CLIENT_ADAPTER, cost=cost)
 
 
 def parse_server(data: bytes, *, max_size: int | None = None) -> ServerMessage:
     """The server message in one websocket frame (for clients); errors as in :func:`parse_client`."""
     if max_size is not None and len(data) > max_size:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"message of {len(data)} bytes; at most {max_size}")
-    return _parse(data, max_size=len(data), types=SERVER_TYPES, adapter=SERVER_ADAPTER)
+    return _parse(data, max_size=len(data), types=SERVER_TYPES, adapter=SERVER_ADAPTER, cost=None)
 
 
-def _parse(data: bytes, *, max_size: int, types: frozenset[str], adapter: Any) -> Any:
+def _parse(data: bytes, *, max_size: int, types: frozenset[str], adapter: Any, cost: ParseCost | None) -> Any:
+    builder = _Builder(cost or ParseCost())
     try:
         obj = msgpack.unpackb(
             data,
@@ -176,11 +194,15 @@ def _parse(data: bytes, *, max_size: int, types: frozenset[str], adapter: Any) -
             max_array_len=MAX_ARRAY_LEN,
             max_map_len=MAX_MAP_LEN,
             max_ext_len=0,  # no ext types (timestamps included)
+            list_hook=builder.array,
+            object_hook=builder.map,
         )
+    except _Refused as exc:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, str(exc)) from exc
     except (ValueError, msgpack.UnpackException) as exc:  # every unpack failure is one of these
         reason = str(exc) or type(exc).__name__  # some msgpack errors carry no text
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"not one msgpack value: {reason}") from exc
-    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+    if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "not a msgpack map with string keys")
     seq = obj.get("seq")
     seq = seq if type(seq) is int and 0 <= seq <= MAX_INT else None
@@ -188,44 +210,79 @@ def _parse(data: bytes, *, max_size: int, types: frozenset[str], adapter: Any) -
     if not isinstance(kind, str) or kind not in types:
         reason = "missing type" if kind is None else f"unknown type {_clip(repr(kind))}"
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, reason, seq=seq)
-    obj = _ArrayDecoder(seq).decode(obj, ())
+    _check_tree(obj, seq)
     try:
         return adapter.validate_python(obj)
     except ValidationError as exc:
         raise _invalid_field(exc, seq) from exc
 
 
-class _ArrayDecoder:
-    """Rebuilds an unpacked msgpack tree with every ``{dtype, shape, data}`` map turned into an
-    ndarray, checking map keys, nesting depth and the container budget on the way."""
+class _Refused(Exception):
+    """Raised from a msgpack hook; msgpack lets it through, and _parse makes it bad_message."""
 
-    def __init__(self, seq: int | None) -> None:
-        self.seq = seq  # carried by the errors raised
-        self.containers = 0  # maps + arrays seen so far
 
-    def decode(self, obj: Any, path: tuple[str | int, ...]) -> Any:
-        if not isinstance(obj, dict | list):
-            return obj
-        self.containers += 1
-        if self.containers > MAX_CONTAINERS:
-            raise ProtocolError(
-                ErrorCode.BAD_MESSAGE, f"more than {MAX_CONTAINERS} maps and arrays", seq=self.seq
-            )
-        if len(path) >= MAX_DEPTH:
-            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"nested deeper than {MAX_DEPTH}", seq=self.seq)
-        if isinstance(obj, list):
-            return [self.decode(v, (*path, i)) for i, v in enumerate(obj)]
-        if not all(isinstance(k, str) for k in obj):
-            raise ProtocolError(ErrorCode.BAD_MESSAGE, "map keys must be strings", seq=self.seq)
+@dataclass(frozen=True)
+class _BadArray:
+    """Stands in for an array map unpack_array refused; _check_tree reports it with its path."""
+
+    reason: str
+
+
+class _Builder:
+    """msgpack hooks, called for each map and array as soon as it is built (innermost first):
+    count them against ``MAX_CONTAINERS``, require string keys, and turn every
+    ``{dtype, shape, data}`` map into an ndarray."""
+
+    def __init__(self, cost: ParseCost) -> None:
+        self.cost = cost
+
+    def _count(self) -> None:
+        self.cost.containers += 1
+        if self.cost.containers > MAX_CONTAINERS:
+            raise _Refused(f"more than {MAX_CONTAINERS} maps and arrays")
+
+    def array(self, items: list[Any]) -> list[Any]:
+        self._count()
+        return items
+
+    def map(self, obj: dict[Any, Any]) -> Any:
+        self._count()
+        if not all(type(k) is str for k in obj):
+            raise _Refused("map keys must be strings")
         if obj.keys() == _ARRAY_KEYS:
             try:
                 return unpack_array(obj)
             except ProtocolError as exc:
-                field = _path(path)
-                raise ProtocolError(
-                    ErrorCode.INVALID_FIELD, f"{field}: {exc.message}", seq=self.seq, field=field
-                ) from exc
-        return {k: self.decode(v, (*path, k)) for k, v in obj.items()}
+                return _BadArray(exc.message)
+        return obj
+
+
+def _check_tree(root: dict[str, Any], seq: int | None) -> None:
+    """bad_message past ``MAX_DEPTH``; invalid_field, naming the field, for a refused array.
+    One pass over the (at most MAX_CONTAINERS) containers, no copies."""
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"nested deeper than {MAX_DEPTH}", seq=seq)
+        for child in node.values() if type(node) is dict else node:
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
+            elif type(child) is _BadArray:
+                field = _path(_find(root, child) or ())
+                raise ProtocolError(ErrorCode.INVALID_FIELD, f"{field}: {child.reason}", seq=seq, field=field)
+
+
+def _find(node: Any, target: object) -> tuple[str | int, ...] | None:
+    """The path from ``node`` to ``target`` (error path only: the tree is known to be shallow)."""
+    items = node.items() if type(node) is dict else enumerate(node) if type(node) is list else ()
+    for key, child in items:
+        if child is target:
+            return (key,)
+        below = _find(child, target)
+        if below is not None:
+            return (key, *below)
+    return None
 
 
 def _invalid_field(exc: ValidationError, seq: int | None) -> ProtocolError:

@@ -7,6 +7,14 @@ writer task sends the outbox. Errors: every ``ProtocolError`` (parsing) and ``Se
 (session layer) becomes an ``error`` message; a fatal one ends the session and closes the socket
 with the error's close code (:meth:`Connection.fail`). Nothing a client sends can raise out of
 :meth:`Connection.run`.
+
+Abuse limits, all per connection: messages pass a token bucket before parsing and are charged
+for the maps and arrays they held after it (parse work, not only message count, is what a
+flood costs the event loop); excess messages are dropped with `rate_limited` errors that are
+themselves rate-limited, so replies to a flood cannot flood the outbox. A message is reassembled
+here from its fragments with a byte and fragment cap (`too_large`, not websockets' bare 1009).
+Forks and the sessions they create are capped, and a connection that sends nothing for the idle
+timeout is closed (its session with `closed{idle}`).
 """
 
 import asyncio
@@ -25,7 +33,7 @@ from websockets.protocol import State
 
 from models.world import ModelSpec
 from sessions.errors import SessionError
-from sessions.events import ClosedEvent, ErrorEvent, SessionEvent
+from sessions.events import ClosedEvent, ErrorEvent, ReadyEvent, SessionEvent
 from sessions.session import Session, SessionStatus
 from web import codec, convert, metrics
 from web import messages as m
@@ -33,7 +41,7 @@ from web.encoders import FrameEncoder, make_encoder
 from web.errors import ErrorCode, MediaError, ProtocolError
 from web.hub import Hub
 from web.outbox import Outbox, OutboxOverflow
-from web.pipeline import CloseRequest, Pipeline
+from web.pipeline import GOING_AWAY, CloseRequest, Pipeline
 from web.ratelimit import TokenBucket
 
 __all__ = ["Connection"]
@@ -44,6 +52,9 @@ CODECS: tuple[m.Codec, ...] = ("h264", "jpeg", "raw")
 # Failures of `open`/`generate` that leave the client nothing to do on this socket.
 OPEN_FATAL = frozenset({ErrorCode.BUSY, ErrorCode.NOT_FOUND, ErrorCode.UNAUTHORIZED, ErrorCode.INTERNAL})
 FLUSH_TIMEOUT_S = 10.0  # how long a closing connection waits for its outbox to drain
+MAX_FRAGMENTS = 4096  # websocket frames per message: only hostile clients send 4096 tiny ones
+CONTAINERS_PER_TOKEN = 16  # a message's maps and arrays cost one rate-limit token per this many
+REFUSALS_PER_S = 2.0  # `rate_limited` errors sent per second at most (the rest are dropped too)
 
 
 class Connection:
@@ -61,6 +72,9 @@ class Connection:
         self.outbox = Outbox(max_chunks=hub.config.outbox_chunks, on_ready=self._wake.set)
         self.pipeline = Pipeline(self.outbox, hub.pool)
         self.bucket = TokenBucket(hub.config.rate, hub.config.burst)
+        self.refusals = TokenBucket(REFUSALS_PER_S, 1)  # `rate_limited` replies
+        self.created: list[Session] = []  # sessions this connection opened or forked (pruned)
+        self.forks = 0  # forks made so far
         self._closer: asyncio.Task[None] | None = None  # closes the socket when the pipeline failed
         self._handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
             "open": self._open,
@@ -94,10 +108,13 @@ class Connection:
             if self.closing:
                 await asyncio.wait_for(asyncio.shield(writer), FLUSH_TIMEOUT_S)
                 return
-            async for data in self.ws:
-                await self._receive(data)
-                if self.closing:
+            while not self.closing:
+                data = await self._next_message()
+                if data is None:
+                    self._idle()
                     break
+                await self._receive(data)
+                await asyncio.sleep(0)  # let the pipeline and writer drain what this message queued
             if self.closing:
                 await asyncio.wait_for(asyncio.shield(writer), FLUSH_TIMEOUT_S)
         except (ConnectionClosed, TimeoutError):
@@ -116,6 +133,20 @@ class Connection:
         self.closing = True
         self.pipeline.put(CloseRequest(1000, "session resumed on another connection"))
 
+    def shutdown(self) -> None:
+        """The server is stopping: a running one-shot ends with `closed` (reason shutdown) and a
+        socket with nothing attached closes (1001); an attached session's `closed` comes from
+        the manager's shutdown. What is queued before it is still sent (the server bounds that)."""
+        if self.closing or self.session is not None:
+            return
+        self.closing = True
+        if self.oneshot is not None:
+            self.oneshot.cancel()
+            self.oneshot = None
+            self.pipeline.put(ClosedEvent("shutdown"))
+        else:
+            self.pipeline.put(CloseRequest(GOING_AWAY, "server shutting down"))
+
     def fail(self, error: ProtocolError) -> None:
         """Send ``error``; a fatal one ends the session and closes the socket with its close code."""
         self.pipeline.put(m.Error.from_exception(error))
@@ -132,6 +163,19 @@ class Connection:
                 session.finish(status)  # its ClosedEvent reaches the pipeline: `closed`, then the close
                 return
         self.pipeline.put(CloseRequest(1000, error.code.value))  # the pipeline uses the error's code
+
+    def _idle(self) -> None:
+        """Nothing came for the idle timeout: end the session (`closed{idle}`) and the socket."""
+        if self.debug:
+            log.debug("= %s idle", self.ws.id)
+        self.closing = True
+        session, self.session = self.session, None
+        if session is not None and self.hub.owns(session, self):
+            self.hub.release(session, self)
+            if not session.status.is_finished:
+                session.finish(SessionStatus.IDLE)  # `closed{idle}`, then the close
+                return
+        self.pipeline.put(CloseRequest(1000, "idle"))
 
     def _leave(self) -> None:
         """The socket is gone: a session without `close` stays alive, detached, for its TTL."""
@@ -177,15 +221,48 @@ class Connection:
 
     # -- input ----------------------------------------------------------------------------------
 
-    async def _receive(self, data: bytes | str) -> None:
-        if not self.bucket.take():  # before parsing: a flood of garbage is limited too
-            self.fail(ProtocolError(ErrorCode.RATE_LIMITED, "too many messages; slow down"))
-            return
+    async def _next_message(self) -> bytes | str | ProtocolError | None:
+        """The next client message, reassembled from its fragments, or the fatal too_large it
+        earned (over ``max_message`` bytes or MAX_FRAGMENTS frames; the rest of it is not read).
+        None after the idle timeout (never while a one-shot runs). Raises ConnectionClosed."""
+        timeout = self.hub.config.idle_timeout_s
         try:
-            msg = codec.parse_client(data, max_size=self.hub.config.max_message)
+            async with asyncio.timeout(timeout if timeout > 0 and self.oneshot is None else None):
+                return await self._assemble()
+        except TimeoutError:
+            return None
+
+    async def _assemble(self) -> bytes | str | ProtocolError:
+        limit = self.hub.config.max_message
+        parts: list[Any] = []
+        size = 0
+        async for part in self.ws.recv_streaming():
+            parts.append(part)
+            size += len(part)
+            if size > limit:
+                return ProtocolError(ErrorCode.TOO_LARGE, f"message of more than {limit} bytes", fatal=True)
+            if len(parts) > MAX_FRAGMENTS:
+                return ProtocolError(
+                    ErrorCode.TOO_LARGE, f"message in more than {MAX_FRAGMENTS} fragments", fatal=True
+                )
+        return "".join(parts) if isinstance(parts[0], str) else b"".join(parts)
+
+    async def _receive(self, data: bytes | str | ProtocolError) -> None:
+        if isinstance(data, ProtocolError):
+            self.fail(data)
+            return
+        if not self.bucket.take():  # before parsing: a flood of garbage is limited too
+            if self.refusals.take():
+                self.fail(ProtocolError(ErrorCode.RATE_LIMITED, "too many messages; slow down"))
+            return
+        cost = codec.ParseCost()
+        try:
+            msg = codec.parse_client(data, max_size=self.hub.config.max_message, cost=cost)
         except ProtocolError as exc:
             self.fail(exc)
             return
+        finally:
+            self.bucket.charge(cost.containers / CONTAINERS_PER_TOKEN)
         metrics.MESSAGES_IN.labels(msg.type).inc()
         if self.debug:
             log.debug(
@@ -267,11 +344,10 @@ class Connection:
 
     def _attach(self, session: Session, encoder: FrameEncoder, info: m.CodecInfo) -> None:
         """Make ``session`` this connection's: `ready`, then retained unacked chunks, then live events."""
-        ready = convert.ready(session, info)
         self.hub.claim(session, self, info.name)
         self.session = session
-        self.pipeline.attach(encoder, ready)
-        self.pipeline.put(ready)
+        self.pipeline.attach(encoder, convert.ready(session, info))
+        self.pipeline.put(ReadyEvent(session.last_chunk, session.frame))  # `ready`, with the latest frame
         for event in session.activate(self.pipeline.put):  # nothing is emitted before it returns
             self.pipeline.put(event)
 
@@ -293,6 +369,7 @@ class Connection:
         if self.closing or self.ws.state is not State.OPEN:
             await self.manager.close(session)  # the client left while its world was being built
             return
+        self.created.append(session)
         self._attach(session, encoder, info)
         if self.debug:
             log.debug("= session %s opened (%s, %s)", session.id, session.spec.id, session.mode)
@@ -304,8 +381,9 @@ class Connection:
         spec = self.manager.models().get(model)
         if spec is None:
             raise ProtocolError(ErrorCode.NOT_FOUND, f"unknown model {model!r}", fatal=True)
-        encoder, _ = await self._encoder(msg.codec, spec)
-        self.pipeline.attach(encoder, None, lossless=True)  # a one-shot owes every frame
+        encoder, info = await self._encoder(msg.codec, spec)
+        # a one-shot owes every frame; it starts with `ready` (the manager's ReadyEvent) too
+        self.pipeline.attach(encoder, convert.oneshot_ready(spec, info), lossless=True)
         self.oneshot = asyncio.create_task(self._run_oneshot(msg), name="ws-oneshot")
 
     async def _run_oneshot(self, msg: m.Generate) -> None:
@@ -365,7 +443,23 @@ class Connection:
 
     async def _fork(self, msg: m.Fork) -> None:
         session = self._live(msg)
+        cfg = self.hub.config
+        self.created = [s for s in self.created if not s.status.is_finished]
+        if self.forks >= cfg.forks_per_connection:
+            raise ProtocolError(
+                ErrorCode.BUSY, f"at most {cfg.forks_per_connection} forks per connection", seq=msg.seq
+            )
+        live = {s.id for s in self.created} | {session.id}  # a resumed session counts too
+        if len(live) >= cfg.sessions_per_connection:
+            raise ProtocolError(
+                ErrorCode.BUSY,
+                f"at most {cfg.sessions_per_connection} live sessions per connection; "
+                "close some or let them expire",
+                seq=msg.seq,
+            )
         copy = await self.manager.fork(session)
+        self.forks += 1
+        self.created.append(copy)
         self.hub.remember_codec(copy, self.hub.codec_of(session) or "jpeg")
         self.pipeline.put(m.Forked(seq=msg.seq, session_id=copy.id, resume_token=copy.resume_token))
 

@@ -4,7 +4,10 @@ The server's only translation table: wire messages in -> session parameters and 
 events and specs -> wire messages out. No I/O, no event loop.
 """
 
+import uuid
 from collections.abc import Sequence
+
+import numpy as np
 
 from models.actions import FrameAction
 from models.world import ModelSpec
@@ -14,7 +17,7 @@ from sessions.events import CancelledEvent, DoneEvent, ErrorEvent, FramesEvent
 from sessions.manager import OpenParams
 from sessions.session import Session
 from web import messages as m
-from web.encoders import EncodedChunk
+from web.encoders import EncodedChunk, encode_still
 from web.errors import ErrorCode, ProtocolError
 
 __all__ = [
@@ -24,9 +27,11 @@ __all__ = [
     "frame_actions",
     "frames",
     "model_info",
+    "oneshot_ready",
     "open_params",
     "protocol_error",
     "ready",
+    "ready_frame",
 ]
 
 
@@ -73,15 +78,27 @@ def model_info(spec: ModelSpec) -> m.ModelInfo:
     )
 
 
-def ready(session: Session, codec: m.CodecInfo, chunk: int | None = None) -> m.Ready:
-    """``ready`` for a session; ``chunk`` defaults to its last committed chunk."""
+def ready(session: Session, codec: m.CodecInfo) -> m.Ready:
+    """``ready`` for a session, without ``frame`` (the pipeline adds it, encoded off the loop)."""
     return m.Ready(
         session_id=session.id,
         resume_token=session.resume_token,
         model=model_info(session.spec),
         codec=codec,
-        chunk=session.last_chunk if chunk is None else chunk,
+        chunk=session.last_chunk,
     )
+
+
+def oneshot_ready(spec: ModelSpec, codec: m.CodecInfo) -> m.Ready:
+    """The ``ready`` a one-shot ``generate`` starts with: a run id, and no resume token (a one-shot
+    cannot be resumed)."""
+    return m.Ready(session_id=uuid.uuid4().hex, resume_token="", model=model_info(spec), codec=codec)
+
+
+def ready_frame(codec: m.Codec, image: np.ndarray) -> np.ndarray | bytes:
+    """``ready.frame`` for an (H, W, 3) uint8 image: the array itself for raw sessions, else one
+    JPEG (an H.264 stream cannot start with a lone picture, and every client decodes JPEG)."""
+    return image if codec == "raw" else encode_still(image)
 
 
 def frames(event: FramesEvent, codec: m.Codec, chunk: EncodedChunk, encode_ms: float) -> m.Frames:

@@ -10,7 +10,11 @@ parallelism. Frames in are (T, H, W, 3) uint8 RGB, committed frames only.
   IDR, so a decoder can start at any keyframe (WebCodecs ``VideoDecoder`` takes Annex-B when it
   gets no ``description``). The stream starts with an IDR; :meth:`FrameEncoder.force_keyframe`
   asks for another (on request, after a drop). ``codec_string`` is the WebCodecs
-  ``avc1.PPCCLL`` read from the SPS the encoder writes.
+  ``avc1.PPCCLL`` read from the SPS the encoder writes. Small worlds are coded upscaled
+  (:func:`h264_settings`): 4:2:0 chroma at 64x64 halves the colour resolution of pixel art
+  (29.4 dB on tiny-world); coded at 2x with each pixel's colour in its own chroma sample
+  (web.yuv) it is 42.7 dB at 1.37x the bytes (benchmarks/h264_small.py). ``ready.codec.scale``
+  tells the client, whose decoder averages each scale x scale block back to the model's size.
 * JPEG: Pillow (libjpeg-turbo); measured faster than PyAV's mjpeg (0.06 vs 0.08 ms at 64x64,
   0.69 vs 1.21 ms at 640x360, one thread). Every frame is a keyframe.
 * Raw: the uint8 array itself; the codec packs it as a wire array.
@@ -33,6 +37,7 @@ from PIL import Image
 
 from web.errors import MediaError
 from web.messages import Codec, CodecInfo, Frames
+from web.yuv import rgb_to_yuv420, yuv420_to_rgb
 
 __all__ = [
     "ChunkDecoder",
@@ -44,6 +49,8 @@ __all__ = [
     "RawEncoder",
     "codec_string_from_sps",
     "decode_jpeg",
+    "encode_still",
+    "h264_settings",
     "make_encoder",
     "nal_units",
 ]
@@ -55,6 +62,13 @@ NAL_SPS = 7
 NAL_PPS = 8
 
 _START_CODE = re.compile(b"\x00\x00\x01")
+
+# Worlds whose shorter side is below this many pixels are coded upscaled (see h264_settings).
+H264_MIN_SIDE = 128
+# CRF per coding scale: an upscaled frame is flat in each block, so it holds its quality with
+# fewer bits per pixel; at 2x, CRF 21 is 1.37x the bytes of the unscaled CRF-18 stream (the
+# limit we set is 2x) for 42.7 dB (benchmarks/h264_small.py).
+H264_CRF = {1: 18, 2: 21, 4: 26}
 
 
 @dataclass(frozen=True)
@@ -100,8 +114,11 @@ class H264Encoder(FrameEncoder):
     ``crf``: x264's constant-rate factor, lower = better and bigger. 18, not x264's 23: bits are
     cheap at these sizes (~4 KiB a frame at 640x360) and 23 drops 64x64 frames below 35 dB PSNR.
     ``keyint``: most frames between IDRs (default 10 s of video; more come on request).
-    ``threads``: libx264's thread count. Width and height must be even (4:2:0 chroma); odd sizes
-    raise MediaError rather than being padded, which would change the decoded size.
+    ``threads``: libx264's thread count. ``scale``: frames (``width`` x ``height``, the model's
+    size) are coded at ``scale`` times that size, each pixel a scale x scale block (1, 2 or 4:
+    even factors give each pixel whole 4:2:0 chroma samples; see web.yuv). The coded width and
+    height must be even; odd ones raise MediaError rather than being padded, which would change
+    the decoded size.
     """
 
     codec = "h264"
@@ -115,13 +132,18 @@ class H264Encoder(FrameEncoder):
         crf: int = 18,
         keyint: int | None = None,
         threads: int = 1,
+        scale: int = 1,
     ) -> None:
-        if width < 2 or height < 2 or width % 2 or height % 2:
-            raise MediaError(f"H.264 (yuv420p) needs an even width and height, got {width}x{height}")
+        if scale not in H264_CRF:
+            raise MediaError(f"H.264 scale must be one of {sorted(H264_CRF)}, got {scale}")
+        coded_w, coded_h = width * scale, height * scale
+        if coded_w < 2 or coded_h < 2 or coded_w % 2 or coded_h % 2:
+            raise MediaError(f"H.264 (yuv420p) needs an even width and height, got {coded_w}x{coded_h}")
         if not fps > 0:
             raise MediaError(f"fps must be positive, got {fps}")
-        self.width = width  # pixels
+        self.width = width  # pixels, of the frames in
         self.height = height  # pixels
+        self.scale = scale  # coded at width * scale x height * scale
         self.fps = Fraction(fps).limit_denominator(1001)  # frames per second (29.97 -> 30000/1001)
         self.crf = crf
         self.keyint = keyint if keyint is not None else max(1, round(fps * 10))  # frames
@@ -133,8 +155,8 @@ class H264Encoder(FrameEncoder):
 
     def _open(self) -> av.VideoCodecContext:
         ctx = av.CodecContext.create("libx264", "w")
-        ctx.width = self.width
-        ctx.height = self.height
+        ctx.width = self.width * self.scale
+        ctx.height = self.height * self.scale
         ctx.pix_fmt = "yuv420p"
         ctx.time_base = 1 / self.fps
         ctx.framerate = self.fps
@@ -158,7 +180,10 @@ class H264Encoder(FrameEncoder):
         """One Annex-B access unit per frame, with whether it is an IDR (SPS/PPS in front)."""
         out = []
         for rgb in _check_frames(frames, (self.height, self.width)):
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")  # converted to yuv420p in encode
+            if self.scale > 1:  # our own conversion: each pixel's colour in its own chroma samples
+                frame = av.VideoFrame.from_ndarray(rgb_to_yuv420(rgb, self.scale), format="yuv420p")
+            else:
+                frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")  # converted to yuv420p in encode
             frame.pts = self._pts
             if self._force_key:
                 frame.pict_type = PictureType.I
@@ -185,14 +210,14 @@ class H264Encoder(FrameEncoder):
         the same settings (profile and level depend only on them), so ``ready`` can carry it.
         """
         if self._sps is None:
-            black = np.zeros((self.height, self.width, 3), np.uint8)
+            black = np.zeros((self.height * self.scale, self.width * self.scale, 3), np.uint8)
             probe = self._open().encode(av.VideoFrame.from_ndarray(black, format="rgb24"))
             self._sps = _find_sps(bytes(probe[0]))
         return codec_string_from_sps(self._sps)
 
     @property
     def info(self) -> CodecInfo:
-        return CodecInfo(name=self.codec, codec=self.codec_string)
+        return CodecInfo(name=self.codec, codec=self.codec_string, scale=self.scale)
 
 
 class JpegEncoder(FrameEncoder):
@@ -228,10 +253,23 @@ class RawEncoder(FrameEncoder):
         return EncodedChunk(data=_check_frames(frames), key=True)
 
 
+def h264_settings(width: int, height: int) -> tuple[int, int]:
+    """(scale, crf) of a session's H.264 stream for a world of this size.
+
+    Worlds under :data:`H264_MIN_SIDE` px on their shorter side are coded 2x (4x below half of
+    it), so their colours survive 4:2:0 chroma subsampling; larger ones at their own size.
+    """
+    side = min(width, height)
+    scale = 1 if side >= H264_MIN_SIDE else 2 if side >= H264_MIN_SIDE // 2 else 4
+    return scale, H264_CRF[scale]
+
+
 def make_encoder(codec: Codec, width: int, height: int, fps: float) -> FrameEncoder:
-    """A fresh encoder for one session, with the default settings of its codec."""
+    """A fresh encoder for one session, with the default settings of its codec (small worlds'
+    H.264 is coded upscaled; the client learns the scale from ``ready.codec.scale``)."""
     if codec == "h264":
-        return H264Encoder(width, height, fps)
+        scale, crf = h264_settings(width, height)
+        return H264Encoder(width, height, fps, crf=crf, scale=scale)
     if codec == "jpeg":
         return JpegEncoder()
     if codec == "raw":
@@ -276,16 +314,19 @@ class H264Decoder:
     """Annex-B access units in, (H, W, 3) uint8 RGB frames out; stateful, one per stream.
 
     Units before the first IDR are skipped (returns no frames), so a decoder can join a stream
-    at any keyframe, e.g. after frames were dropped.
+    at any keyframe, e.g. after frames were dropped. ``scale`` (``ready.codec.scale``): the
+    stream is coded at that multiple of the model's size; each scale x scale block is averaged
+    back into one pixel (web.yuv), so frames come out at the model's size.
     """
 
-    def __init__(self, *, threads: int = 1) -> None:
+    def __init__(self, *, threads: int = 1, scale: int = 1) -> None:
         self._ctx = av.CodecContext.create("h264", "r")
         # Frame threading would hold back one frame per thread; one thread keeps it one-in-one-out.
         self._ctx.thread_count = threads
         self._ctx.thread_type = "SLICE"
         self._threads = threads  # also for the YUV -> RGB conversion (swscale's default is one per CPU)
         self._started = False  # an IDR has been seen
+        self.scale = scale  # coded size / model size
 
     def decode(self, unit: bytes) -> list[np.ndarray]:
         """Frames completed by this access unit (one, for the encoder above)."""
@@ -299,7 +340,12 @@ class H264Decoder:
             raise MediaError(f"H.264 decode failed: {exc}") from exc
         # swscale's own thread pool costs more than it saves on small frames, and on a busy machine
         # the caller waits for its workers to be scheduled (measured: 4 ms for a 64x64 frame).
-        return [frame.to_ndarray(format="rgb24", threads=self._threads) for frame in frames]
+        if self.scale == 1:
+            return [frame.to_ndarray(format="rgb24", threads=self._threads) for frame in frames]
+        try:
+            return [yuv420_to_rgb(frame.to_ndarray(format="yuv420p"), self.scale) for frame in frames]
+        except ValueError as exc:
+            raise MediaError(str(exc)) from exc
 
 
 def decode_jpeg(data: bytes) -> np.ndarray:
@@ -316,9 +362,14 @@ def decode_jpeg(data: bytes) -> np.ndarray:
 class ChunkDecoder:
     """Turns one session's ``frames`` messages back into (T, H, W, 3) uint8 arrays."""
 
-    def __init__(self, codec: Codec) -> None:
+    def __init__(self, codec: Codec, scale: int = 1) -> None:
         self.codec = codec  # the session's codec (ready.codec.name)
-        self._h264 = H264Decoder() if codec == "h264" else None
+        self._h264 = H264Decoder(scale=scale) if codec == "h264" else None
+
+    def set_scale(self, scale: int) -> None:
+        """Use ``ready.codec.scale`` (H.264 frames come out at the model's size); no-op otherwise."""
+        if self._h264 is not None:
+            self._h264.scale = scale
 
     def decode(self, msg: Frames) -> np.ndarray:
         """The chunk's frames; for H.264 joined mid-stream, fewer (possibly 0) until an IDR."""
@@ -334,3 +385,12 @@ class ChunkDecoder:
         if not frames:
             return np.empty((0, 0, 0, 3), np.uint8)
         return np.stack(frames)
+
+
+def encode_still(image: np.ndarray) -> bytes:
+    """One picture shown on its own (``ready.frame``) as a JPEG: 4:4:4 at quality 95, since a
+    single still costs little and small pixel-art worlds lose their colours to 4:2:0."""
+    (rgb,) = _check_frames(image[None])
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="JPEG", quality=95, subsampling=0)
+    return buf.getvalue()

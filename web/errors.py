@@ -9,6 +9,8 @@
       SDK); carries the same fields as the wire message
     * :exc:`SessionClosed` — the session ended (``closed``) or its socket dropped (SDK)
     * :exc:`StepCancelled` — a lockstep step was rolled back by a ``cancel`` (SDK)
+    * :exc:`ServerUnreachable` — no server answered within the connect timeout (SDK; also a
+      :exc:`ConnectionError`)
     * :exc:`MediaError` — a frame encoder or decoder failed, or was handed frames it cannot take
 
 The protocol names its error codes (``error.code``) and, for fatal errors, the websocket close
@@ -23,6 +25,7 @@ __all__ = [
     "MediaError",
     "ProtocolError",
     "ServerError",
+    "ServerUnreachable",
     "SessionClosed",
     "StepCancelled",
     "WebError",
@@ -127,6 +130,18 @@ class SessionClosed(WebError):
 
 class StepCancelled(WebError):
     """A lockstep ``step`` was rolled back by a ``cancel`` before it committed."""
+
+
+class ServerUnreachable(WebError, ConnectionError):
+    """No websocket server answered at ``url`` within the client's connect timeout."""
+
+    def __init__(self, url: str, timeout_s: float, cause: BaseException) -> None:
+        super().__init__(
+            f"no worldserve server at {url} (tried for {timeout_s:g} s: {cause}); "
+            "is `worldserve serve` running on that host and port?"
+        )
+        self.url = url  # the websocket URL dialled
+        self.timeout_s = timeout_s  # how long the client kept trying
 
 
 class MediaError(WebError):

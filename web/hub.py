@@ -25,8 +25,15 @@ class ServerConfig:
     token: str | None = None  # required in `open`/`generate` when set
     debug_hooks: bool = False  # accept `open.debug`
     default_model: str | None = None  # None: the first loaded world
-    max_sessions: int = 16  # live sessions, detached ones included
+    max_sessions: int = 16  # live sessions, detached ones included (an `open` at the limit
+    # closes the longest-detached one instead of answering `busy`)
     detach_ttl_s: float = 60.0  # how long a detached session waits for a resume
+    max_connections: int = 64  # open websockets; a handshake past it gets HTTP 503
+    sessions_per_connection: int = 4  # live: the one a connection is attached to + its forks
+    forks_per_connection: int = 16  # forks one connection may make in all
+    idle_timeout_s: float = 300.0  # no client message for this long closes a live session
+    # ("idle") or a connection without one; 0 = never. A one-shot is never idle.
+    allow_origins: tuple[str, ...] = ()  # websocket Origins allowed besides same-origin; "*": any
     max_batch: int = 4  # sessions per engine step
     max_message: int = 1 << 20  # bytes per client message; bigger ones get `too_large`
     outbox_chunks: int = 4  # `frames` messages queued per connection before frames drop

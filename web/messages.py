@@ -20,9 +20,11 @@ from typing import Annotated, Any, Literal, Self, get_args
 import numpy as np
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     FiniteFloat,
+    GetJsonSchemaHandler,
     PlainValidator,
     Strict,
     StringConstraints,
@@ -229,6 +231,9 @@ class CodecInfo(_Model):
 
     name: Codec
     codec: str | None = None  # WebCodecs codec string, e.g. "avc1.42c01e"; H.264 only
+    # H.264 only: frames are coded at `scale` x the model's width and height (each pixel a
+    # scale x scale block); averaging each block gives the model-size frame
+    scale: Annotated[int, Field(ge=1, le=8)] | None = None
 
 
 # -- client -> server -------------------------------------------------------------------------
@@ -332,10 +337,33 @@ class Close(_Message):
     type: Literal["close"] = "close"
 
 
+def _one_or_many(value: object) -> object:
+    # One action map (or FrameAction) for a whole chunk reads as a list of one, as in step.actions.
+    return (value,) if isinstance(value, dict | FrameAction) else value
+
+
+class _OneOrManySchema:
+    """Publishes a chunk's actions as "one FrameAction, or a list of them" in JSON schema."""
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        many = handler(core_schema)  # the list form; its `items` is the FrameAction schema
+        return {"anyOf": [many["items"], many]}
+
+
+# One chunk's actions in `generate.actions`: a list of per-frame actions, or one action map.
+ChunkActions = Annotated[
+    tuple[FrameAction, ...],
+    Field(min_length=1, max_length=MAX_FRAME_ACTIONS, strict=False),
+    BeforeValidator(_one_or_many),
+    _OneOrManySchema(),
+]
+
+
 class Generate(_Message):
     """One-shot: run ``chunks`` chunks with scripted actions, stream ``frames``, then ``done``.
 
-    ``actions[i]`` drives chunk i + 1 exactly like ``step.actions``; chunks past the end of the
+    ``actions[i]`` drives chunk i + 1 exactly like ``step.actions``: a list of per-frame actions,
+    or one action map for the whole chunk (held as a list of one); chunks past the end of the
     list get no input. Defaults: ``model``/``seed``/``prompt`` as in ``open``; ``actions`` empty;
     ``codec`` "jpeg". ``token`` is an addition to the v1 table: a server that requires a token
     needs it here too, since ``generate`` replaces ``open``.
@@ -346,15 +374,7 @@ class Generate(_Message):
     seed: Seed | None = None
     prompt: Prompt | None = None
     chunks: Annotated[int, Field(ge=1, le=MAX_CHUNKS)]  # before `actions`: its check reads it
-    actions: Annotated[
-        tuple[
-            Annotated[
-                tuple[FrameAction, ...], Field(min_length=1, max_length=MAX_FRAME_ACTIONS, strict=False)
-            ],
-            ...,
-        ],
-        Field(max_length=MAX_CHUNKS, strict=False),
-    ] = ()
+    actions: Annotated[tuple[ChunkActions, ...], Field(max_length=MAX_CHUNKS, strict=False)] = ()
     codec: Codec = "jpeg"
     token: Token | None = None
 
@@ -373,7 +393,14 @@ class Generate(_Message):
 
 
 class Ready(_Message):
-    """The session is live. On resume, ``chunk`` is the last committed chunk (0 before any)."""
+    """The session is live. On resume, ``chunk`` is the last committed chunk (0 before any).
+
+    ``frame`` (an addition) is the world's latest committed frame, so a client can show the
+    world before its first chunk: the start frame of an image-started world after ``open`` and
+    ``reset``, the last frame shown so far on resume; absent when there is none. Raw sessions get
+    an (H, W, 3) uint8 array, the others one JPEG. A one-shot's ``ready`` has an empty
+    ``resume_token`` (a one-shot cannot be resumed).
+    """
 
     type: Literal["ready"] = "ready"
     session_id: str
@@ -382,6 +409,13 @@ class Ready(_Message):
     model: ModelInfo
     codec: CodecInfo
     chunk: Count = 0
+    frame: Image | bytes | None = None
+
+    @model_validator(mode="after")
+    def _frame_matches(self) -> Self:
+        if self.frame is not None and isinstance(self.frame, np.ndarray) != (self.codec.name == "raw"):
+            raise ValueError("frame: raw sessions carry an array, the others a JPEG")
+        return self
 
 
 class Frames(_Message):

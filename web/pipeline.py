@@ -4,6 +4,8 @@ Everything the connection sends goes through :meth:`Pipeline.put` (it is also th
 sink), so replies never overtake the frames committed before them. A ``frames`` event is encoded
 and packed in the encode pool, never on the event loop, one chunk at a time (an encoder is
 stateful); the bytes then go to the :class:`~web.outbox.Outbox`, which applies the drop policy.
+A ``ReadyEvent`` (open, resume, reset, one-shot start) becomes the attached session's ``ready``
+with the event's chunk and frame, the frame encoded in the pool too.
 When the outbox drops H.264 frames it asks for a keyframe, and the next chunk is encoded with one.
 
 The queue is bounded (``max_items``): a session's frames are bounded by its credits and control
@@ -17,6 +19,8 @@ import logging
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
+
+import numpy as np
 
 from sessions.events import (
     CancelledEvent,
@@ -68,7 +72,7 @@ class Pipeline:
         self.pool = pool  # the server's encode pool
         self.max_items = max_items  # items queued before the connection is given up as not reading
         self.encoder: FrameEncoder | None = None  # the attached session's encoder
-        self.ready: m.Ready | None = None  # the attached session's `ready` (re-sent after a reset)
+        self.ready: m.Ready | None = None  # the attached session's `ready`, sent for each ReadyEvent
         self.close_code: int | None = None  # set after a fatal error: the code the socket closes with
         self._queue: asyncio.Queue[Outgoing] = asyncio.Queue()
         self._want_key = False  # the outbox dropped H.264 frames: the next chunk starts with an IDR
@@ -79,9 +83,10 @@ class Pipeline:
         outbox.on_drop = self._need_keyframe
         outbox.on_pop = self._room.set
 
-    def attach(self, encoder: FrameEncoder, ready: m.Ready | None, lossless: bool = False) -> None:
-        """Use ``encoder`` (one per attached session) for every chunk from now on; ``lossless``
-        (one-shots): the outbox never drops frames, and the producer paces itself with room()."""
+    def attach(self, encoder: FrameEncoder, ready: m.Ready, lossless: bool = False) -> None:
+        """Use ``encoder`` (one per attached session) for every chunk from now on, and ``ready``
+        (chunk and frame filled in per event) for every ReadyEvent; ``lossless`` (one-shots): the
+        outbox never drops frames, and the producer paces itself with room()."""
         self.encoder = encoder
         self.ready = ready
         self.outbox.codec = encoder.codec
@@ -118,6 +123,8 @@ class Pipeline:
                 finally:
                     self._frames_queued -= 1
                     self._room.set()
+            elif isinstance(item, ReadyEvent):
+                await self._ready(item)
             else:
                 self._control(item)
 
@@ -141,6 +148,17 @@ class Pipeline:
             )
         self.outbox.put_frames(data, event.frames.shape[0], key)
 
+    async def _ready(self, event: ReadyEvent) -> None:
+        encoder, ready = self.encoder, self.ready
+        if encoder is None or ready is None:
+            raise RuntimeError("ready before a session was attached")
+        msg = ready.model_copy(update={"chunk": event.chunk})
+        loop = asyncio.get_running_loop()
+        data = await loop.run_in_executor(self.pool, _encode_ready, msg, encoder.codec, event.frame)
+        if self.debug:
+            log.debug("> ready chunk=%d frame=%s %d bytes", event.chunk, event.frame is not None, len(data))
+        self.outbox.put_control(data)
+
     def _control(self, item: Outgoing) -> None:
         msg: m.ServerMessage
         if isinstance(item, CloseRequest):
@@ -154,10 +172,6 @@ class Pipeline:
             msg = convert.cancelled(item)
         elif isinstance(item, ErrorEvent):
             msg = m.Error.from_exception(convert.error_event(item))
-        elif isinstance(item, ReadyEvent):
-            if self.ready is None:
-                return  # a one-shot has no `ready`
-            msg = self.ready.model_copy(update={"chunk": item.chunk})
         elif isinstance(item, DoneEvent):
             msg = convert.done(item)
         else:
@@ -185,6 +199,14 @@ def _encode(encoder: FrameEncoder, event: FramesEvent, want_key: bool) -> tuple[
     per_frame_ms = (time.perf_counter() - start) * 1000 / event.frames.shape[0]
     metrics.ENCODE_MS.labels(encoder.codec).observe(per_frame_ms)
     return data, chunk.key
+
+
+def _encode_ready(msg: m.Ready, codec_name: m.Codec, frame: np.ndarray | None) -> bytes:
+    """Pack a `ready`, with ``frame`` (the world's latest frame) encoded for the session's codec
+    (runs in the encode pool)."""
+    if frame is not None:
+        msg = msg.model_copy(update={"frame": convert.ready_frame(codec_name, frame)})
+    return codec.encode(msg)
 
 
 def _summary(msg: m.ServerMessage) -> str:

@@ -20,10 +20,19 @@ class TokenBucket:
 
     def take(self) -> bool:
         """Spend one token; False (nothing spent) when the bucket is empty."""
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
-        self._last = now
+        self._refill()
         if self._tokens < 1:
             return False
         self._tokens -= 1
         return True
+
+    def charge(self, tokens: float) -> None:
+        """Spend ``tokens`` after the fact (work an event turned out to cost). The bucket may go
+        into debt, down to ``-burst``: later ``take`` calls fail until the refill repays it."""
+        self._refill()
+        self._tokens = max(-self.burst, self._tokens - tokens)
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now

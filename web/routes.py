@@ -2,14 +2,15 @@
 
 Routes: ``/healthz`` (JSON), ``/metrics`` (Prometheus text), ``/v1/models`` (JSON list),
 ``/v1/protocol.json`` (JSON schema of every message), ``/`` and any other file under the static
-directory (the browser client). ``/v1/session`` goes on to the websocket handshake (a request
-without ``Upgrade`` gets websockets' own 426).
+directory (the browser client). ``/v1/session`` goes on to the websocket handshake once
+:mod:`web.admission` lets it (a request without ``Upgrade`` gets websockets' own 426).
 """
 
 import email.utils
 import http
 import json
 import mimetypes
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -31,16 +32,22 @@ JSON = "application/json"
 class Routes:
     """The ``process_request`` callable of one server."""
 
-    def __init__(self, manager: SessionManager, static_dir: Path) -> None:
+    def __init__(
+        self,
+        manager: SessionManager,
+        static_dir: Path,
+        admission: Callable[[ServerConnection, Request], Response | None] | None = None,
+    ) -> None:
         self.manager = manager
         self.static_dir = static_dir.resolve()
+        self.admission = admission  # the handshake checks of SESSION_PATH (web.admission)
         self._schema = json.dumps(json_schema()).encode()  # constant: built once
 
     def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
         """A response for plain HTTP requests; None lets a websocket handshake proceed."""
         path = request.path.partition("?")[0]
         if path == SESSION_PATH:
-            return None
+            return None if self.admission is None else self.admission(connection, request)
         if "Upgrade" in request.headers:
             return _response(http.HTTPStatus.NOT_FOUND, b"websocket sessions live at /v1/session\n")
         if path == "/healthz":
@@ -80,9 +87,15 @@ class Routes:
 
     def _static(self, path: str) -> Response:
         relative = "index.html" if path == "/" else path.lstrip("/")
-        file = (self.static_dir / relative).resolve()
-        # resolve() folds `..` and links: anything outside the static directory is not ours to serve
-        if not file.is_relative_to(self.static_dir) or not file.is_file():
+        if "\x00" in relative:  # no file name holds one; the OS would refuse it with ValueError
+            return _response(http.HTTPStatus.BAD_REQUEST, b"bad path\n")
+        try:
+            file = (self.static_dir / relative).resolve()
+            # resolve() folds `..` and links: anything outside the static directory is not ours
+            found = file.is_relative_to(self.static_dir) and file.is_file()
+        except OSError:  # a name too long for the file system, and the like: not one of ours
+            found = False
+        if not found:
             return _response(http.HTTPStatus.NOT_FOUND, b"not found\n")
         content_type = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
         if content_type.startswith("text/") or content_type == "application/javascript":

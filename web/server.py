@@ -10,6 +10,8 @@ Each websocket is served by a :class:`~web.connection.Connection`; plain HTTP by
 never on the engine thread.
 """
 
+import asyncio
+import ipaddress
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -21,18 +23,22 @@ from websockets.asyncio.server import ServerConnection, serve
 from models.world import World
 from sessions.manager import SessionManager
 from web import metrics
+from web.admission import Admission
 from web.app import Runtime
 from web.connection import Connection
 from web.hub import Hub, ServerConfig
 from web.routes import SESSION_PATH, Routes
 
-__all__ = ["Server", "ServerConfig"]
+__all__ = ["Server", "ServerConfig", "exposure_warning"]
 
 log = logging.getLogger(__name__)
 
 # websockets closes with 1009 by itself above this; between max_message and it we answer
 # `too_large` first, as the protocol asks.
 HARD_LIMIT_FACTOR = 4
+# On stop, how long sockets get to send what is queued (`closed` included) before they are cut: a
+# client that stopped reading must not hold the exit (a container stop would SIGKILL us).
+DRAIN_S = 2.0
 
 
 class Server:
@@ -45,6 +51,7 @@ class Server:
         self._hub: Hub | None = None
         self._ws: WsServer | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._connections: dict[Connection, asyncio.Task[None]] = {}  # open sockets -> their handler
 
     @property
     def manager(self) -> SessionManager:
@@ -90,18 +97,29 @@ class Server:
             cfg.host,
             cfg.port,
             compression=None,  # deflate costs 25-35x on video payloads
-            process_request=Routes(manager, cfg.static_dir),
+            process_request=Routes(
+                manager, cfg.static_dir, Admission(cfg.max_connections, cfg.allow_origins)
+            ),
             max_size=cfg.max_message * HARD_LIMIT_FACTOR,
             ping_interval=cfg.ping_interval_s,
             ping_timeout=cfg.ping_timeout_s,
         )
         log.info("= serving %s at %s", sorted(self.worlds), self.url)
+        warning = exposure_warning(cfg)
+        if warning is not None:
+            log.warning(warning)
 
     async def stop(self) -> None:
-        """Close every session (clients get `closed`, reason shutdown), the listener, the engine."""
+        """Stop accepting; every session and running one-shot gets `closed` (reason shutdown);
+        sockets get :data:`DRAIN_S` to send what is queued, then are cut; then the engine stops."""
+        if self._ws is not None:
+            self._ws.server.close()  # no new connections; open ones stay for the drain
+        for conn in list(self._connections):
+            conn.shutdown()
         if self.runtime is not None:
             await self.runtime.manager.shutdown()
         if self._ws is not None:
+            await self._drain()
             self._ws.close()
             await self._ws.wait_closed()
         if self.runtime is not None:
@@ -119,6 +137,41 @@ class Server:
     ) -> None:
         await self.stop()
 
+    async def _drain(self) -> None:
+        """Wait up to DRAIN_S for every socket to flush and close; cut the ones still open."""
+        handlers = list(self._connections.values())
+        if handlers:
+            await asyncio.wait(handlers, timeout=DRAIN_S)
+        for conn in list(self._connections):  # a client that is not reading
+            log.info("= %s did not drain in %.0f s; closing it", conn.ws.id, DRAIN_S)
+            conn.ws.transport.abort()
+
     async def _handle(self, ws: ServerConnection) -> None:
         assert self._hub is not None
-        await Connection(ws, self._hub).run()
+        conn = Connection(ws, self._hub)
+        task = asyncio.current_task()
+        assert task is not None  # websockets runs each handler in a task
+        self._connections[conn] = task
+        try:
+            await conn.run()
+        finally:
+            del self._connections[conn]
+
+
+def exposure_warning(config: ServerConfig) -> str | None:
+    """The warning to log when the server listens beyond loopback with no token, else None."""
+    if config.token is not None or _loopback(config.host):
+        return None
+    return (
+        f"listening on {config.host or 'every interface'} without --token: anyone who can reach "
+        "this port can open sessions"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name (it may resolve anywhere) or "" (every interface)
+        return False

@@ -445,3 +445,19 @@ def test_fuzz_random_msgpack(obj: object) -> None:
 @given(_typed_maps)
 def test_fuzz_typed_maps_with_junk_fields(obj: dict[str, Any]) -> None:
     _parses_or_protocol_error(msgpack.packb(obj))
+
+
+def test_the_container_budget_stops_msgpack_early() -> None:
+    inner: list[Any] = [[]] * 10_000
+    huge = pack({"type": "ping", "t": 1.0, "x": [inner] * 100})  # ~1M empty arrays in 1 MB
+    cost = codec.ParseCost()
+    with pytest.raises(ProtocolError) as info:
+        codec.parse_client(huge, max_size=len(huge), cost=cost)
+    assert info.value.code is ErrorCode.BAD_MESSAGE
+    assert cost.containers == codec.MAX_CONTAINERS + 1  # not a million: msgpack stopped there
+    wide = pack({"type": "generate", "chunks": 8000, "actions": [[{}] * 7] * 8000})  # 64 KB
+    fails(wide, ErrorCode.BAD_MESSAGE)
+    fits = {"type": "generate", "chunks": 1000, "actions": [[{"keys": ["w"], "mouse": [1.0, 0.0]}]] * 1000}
+    cost = codec.ParseCost()
+    msg = codec.parse_client(pack(fits), max_size=MAX_SIZE, cost=cost)
+    assert isinstance(msg, m.Generate) and len(msg.actions) == 1000 and cost.containers == 4002

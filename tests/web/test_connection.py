@@ -4,6 +4,7 @@ debug hooks, and a fuzz of random bytes and maps that must never take the server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import msgpack
 import numpy as np
@@ -133,8 +134,10 @@ def test_rate_limits(worlds) -> None:
             await expect_error(ws, ErrorCode.RATE_LIMITED, seq=8)
             for _ in range(60):  # past the burst
                 await send(ws, m.Ping(t=0.0))
-            kinds = [type(await recv(ws)).__name__ for _ in range(60 + 8)]
-            assert "Error" in kinds and kinds.count("Frames") == 8
+            kinds: list[str] = []
+            while kinds.count("Frames") < 8:
+                kinds.append(type(await recv(ws)).__name__)
+            assert "Error" in kinds  # excess pings were dropped with rate_limited
 
     run(main())
 
@@ -194,6 +197,7 @@ def test_token_is_enforced(worlds) -> None:
             await still_steps(ws)
             ws = await dial(server)
             await send(ws, m.Generate(chunks=1, token="s3cret"))
+            assert isinstance(await recv(ws), m.Ready)  # a one-shot starts with `ready`
             assert isinstance(await recv(ws), m.Frames)
 
     run(main())
@@ -220,13 +224,14 @@ def test_an_error_ends_a_oneshot(worlds) -> None:
             ws = await dial(server)
             await send(ws, m.Generate(chunks=3, actions=[[W], [W, W]]))  # chunk 2 takes 1 or 4 actions
             msgs = [msg for msg in await recv_until(ws, m.Closed) if not isinstance(msg, m.Frames)]
-            assert [type(msg) for msg in msgs] == [m.Error, m.Closed]
-            assert msgs[0].code is ErrorCode.INVALID_FIELD and msgs[0].fatal and msgs[0].seq == 1
-            assert msgs[0].message.startswith("actions: ") and msgs[1].reason == "error"
+            assert [type(msg) for msg in msgs] == [m.Ready, m.Error, m.Closed]
+            assert msgs[1].code is ErrorCode.INVALID_FIELD and msgs[1].fatal and msgs[1].seq == 1
+            assert msgs[1].message.startswith("actions: ") and msgs[2].reason == "error"
             await expect_close(ws, 1008)
 
             ws = await dial(server)  # a fatal protocol error during a one-shot ends it too
             await send(ws, m.Generate(chunks=50))
+            assert isinstance(await recv(ws), m.Ready)
             assert isinstance(await recv(ws), m.Frames)
             await ws.send(b"\x00" * (server.config.max_message + 1))
             msgs = []
@@ -263,6 +268,148 @@ def test_a_realtime_session_detaches_when_its_socket_drops(worlds) -> None:
             assert isinstance(again, m.Ready) and again.session_id == ready.session_id
             frames = await recv(ws)
             assert isinstance(frames, m.Frames)
+
+    run(main())
+
+
+# -- abuse --------------------------------------------------------------------------------------
+
+
+async def ping_answered(ws) -> list[m.ServerMessage]:
+    """Ping until a pong comes back (a ping may be dropped while the rate limit refills);
+    returns the other messages read meanwhile."""
+    before: list[m.ServerMessage] = []
+    for t in range(60):
+        await send(ws, m.Ping(t=-1.0 - t))
+        with contextlib.suppress(TimeoutError):
+            while True:
+                msg = await recv(ws, 1.0)
+                if isinstance(msg, m.Pong) and msg.t < 0:
+                    return before
+                before.append(msg)
+    raise AssertionError("no pong")
+
+
+def test_costly_messages_are_refused_early_and_leave_others_alone(worlds) -> None:
+    async def main():
+        async with serving(worlds) as server:
+            other, _ = await opened(server)
+            ws = await dial(server)
+            nested = msgpack.packb({"type": "ping", "t": 1.0, "x": [[[]] * 10_000] * 100})  # 1 MB
+            await ws.send(nested)
+            await expect_error(ws, ErrorCode.BAD_MESSAGE)
+            script = msgpack.packb({"type": "generate", "chunks": 8000, "actions": [[{}] * 7] * 8000})
+            await ws.send(script)  # 64 KB, 64k maps and arrays
+            await expect_error(ws, ErrorCode.BAD_MESSAGE)
+            assert await ping_answered(other) == []
+            await still_steps(other)
+            # non-fatal: the connection goes on (after a rate_limited or two: they cost tokens)
+            assert all(x.code is ErrorCode.RATE_LIMITED for x in await ping_answered(ws))
+
+    run(main())
+
+
+def test_a_burst_while_reading_is_rate_limited_not_closed(worlds) -> None:
+    async def main():
+        async with serving(worlds) as server:
+            ws = await dial(server)
+            got: list[m.ServerMessage] = []
+
+            async def read() -> None:
+                while True:
+                    got.append(await recv(ws))
+
+            reader = asyncio.create_task(read())
+            ping = codec.encode(m.Ping(t=0.0))
+            for _ in range(2500):  # past the burst of 1000
+                await ws.send(ping)
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            got += await ping_answered(ws)
+            errors = [x for x in got if isinstance(x, m.Error)]
+            assert errors and all(e.code is ErrorCode.RATE_LIMITED and not e.fatal for e in errors)
+            pongs = sum(isinstance(x, m.Pong) for x in got)
+            assert len(errors) < 2500 - pongs  # the refusals' replies are limited too
+            assert ws.close_code is None
+
+    run(main())
+
+
+def test_fragmented_messages_are_reassembled_or_too_large(worlds) -> None:
+    async def main():
+        async with serving(worlds) as server:
+            ws = await dial(server)
+            data = msgpack.packb({"type": "ping", "t": 3.0, "pad": b"x" * 1000})
+            await ws.send([data[i : i + 10] for i in range(0, len(data), 10)])  # 101 fragments
+            err = await expect_error(ws, ErrorCode.INVALID_FIELD)  # reassembled and parsed
+            assert err.message.startswith("pad: ")
+            data = msgpack.packb({"type": "ping", "t": 4.0, "pad": b"x" * 200_000})
+            await ws.send([data[i : i + 40] for i in range(0, len(data), 40)])  # 5001 fragments
+            await expect_error(ws, ErrorCode.TOO_LARGE, fatal=True)
+            await expect_close(ws, 1009)
+
+    run(main())
+
+
+def test_forks_and_live_sessions_per_connection_are_capped(worlds) -> None:
+    async def main():
+        async with serving(worlds, sessions_per_connection=3, forks_per_connection=3) as server:
+            ws, _ = await opened(server)
+            tokens = []
+            for seq in (1, 2):
+                await send(ws, m.Fork(seq=seq))
+                forked = await recv(ws)
+                assert isinstance(forked, m.Forked), forked
+                tokens.append(forked.resume_token)
+            await send(ws, m.Fork(seq=3))  # its own session + 2 forks live
+            assert "live sessions" in (await expect_error(ws, ErrorCode.BUSY, seq=3)).message
+            other = await dial(server, f"?resume={tokens[0]}")
+            assert isinstance(await recv(other), m.Ready)
+            await send(other, m.Close())
+            await expect_close(other, 1000)
+            await send(ws, m.Fork(seq=4))  # room again
+            assert isinstance(await recv(ws), m.Forked)
+            other = await dial(server, f"?resume={tokens[1]}")
+            assert isinstance(await recv(other), m.Ready)
+            await send(other, m.Close())
+            await expect_close(other, 1000)
+            await send(ws, m.Fork(seq=5))  # 2 live, but 3 forks made already
+            assert "forks per connection" in (await expect_error(ws, ErrorCode.BUSY, seq=5)).message
+            await still_steps(ws)
+            assert len(server.manager) == 2
+
+    run(main())
+
+
+def test_idle_sessions_and_connections_are_closed(worlds) -> None:
+    async def main():
+        async with serving(worlds, idle_timeout_s=0.5) as server:
+            ws, _ = await opened(server)
+            await still_steps(ws)
+            closed = await recv(ws)  # nothing more from the client
+            assert isinstance(closed, m.Closed) and closed.reason == "idle"
+            await expect_close(ws, 1000)
+            assert len(server.manager) == 0
+            bare = await dial(server)
+            await expect_close(bare, 1000)  # no session: just the close
+
+    run(main())
+
+
+def test_a_dropped_session_gives_way_to_a_new_client(worlds) -> None:
+    async def main():
+        async with serving(worlds, max_sessions=1) as server:
+            first, ready = await opened(server)
+            first.transport.abort()
+            for _ in range(100):
+                if server.manager.by_token(ready.resume_token).status.name == "DETACHED":
+                    break
+                await asyncio.sleep(0.05)
+            ws, _ = await opened(server)  # the detached session is evicted, not the newcomer
+            await still_steps(ws)
+            again = await dial(server, f"?resume={ready.resume_token}")
+            await expect_error(again, ErrorCode.NOT_FOUND, fatal=True)
 
     run(main())
 

@@ -11,8 +11,10 @@ from sessions.errors import InvalidInput, SessionBusy, SessionFailed
 from sessions.events import FramesEvent
 from web import convert
 from web import messages as m
-from web.encoders import EncodedChunk
+from web.encoders import EncodedChunk, decode_jpeg
 from web.errors import ErrorCode
+
+from .conftest import psnr
 
 
 def test_open_and_generate_params() -> None:
@@ -44,6 +46,19 @@ def test_model_info_and_frames() -> None:
     msg = convert.frames(event, "raw", EncodedChunk(frames, True), 0.1234)
     assert (msg.chunk, msg.frame0, msg.count, msg.action_seq) == (3, 9, 2, None)
     assert msg.timings == {"total": 5.0, "encode": 0.123}
+
+
+def test_ready_frame_is_the_array_for_raw_and_one_jpeg_otherwise() -> None:
+    y, x = np.mgrid[0:32, 0:48]
+    image = np.stack([x * 5, y * 7, (x + y) * 3], axis=-1).astype(np.uint8)  # smooth: JPEG keeps it
+    assert convert.ready_frame("raw", image) is image
+    for name in ("jpeg", "h264"):
+        jpeg = convert.ready_frame(name, image)
+        assert isinstance(jpeg, bytes) and jpeg.startswith(b"\xff\xd8")
+        assert psnr(decode_jpeg(jpeg), image) > 30
+    spec = ModelSpec("w", 15.0, 48, 32, 4, ActionSpace(("a",), True, 0), image_start=True)
+    ready = convert.oneshot_ready(spec, m.CodecInfo(name="jpeg"))
+    assert ready.resume_token == "" and ready.session_id and ready.chunk == 0 and ready.frame is None
 
 
 def test_session_errors_become_protocol_errors() -> None:

@@ -3,6 +3,7 @@
 import av
 import numpy as np
 import pytest
+import torch
 
 from web import codec
 from web import messages as m
@@ -17,6 +18,7 @@ from web.encoders import (
     RawEncoder,
     codec_string_from_sps,
     decode_jpeg,
+    h264_settings,
     make_encoder,
     nal_units,
 )
@@ -57,6 +59,30 @@ def natural_frames(n: int, height: int, width: int) -> np.ndarray:
     return out
 
 
+@pytest.fixture(scope="module")
+def tiny_world_frames() -> np.ndarray:
+    """32 frames of the default world (`tiny-world`, 64x64 pixel art) as the model renders them:
+    8 chunks under held keys (the Engine queues at most 8), through the Engine."""
+    from models.actions import FrameAction
+    from models.registry import DEFAULT_MODEL, from_name
+    from models.world import Conditioning
+    from runtime.engine import Engine
+    from runtime.requests import ChunkCommitted, ChunkRequest
+
+    world = from_name(DEFAULT_MODEL)
+    engine = Engine({world.config.id: world}, max_batch=1)
+    engine.add_stream("s", world.config.id, Conditioning(seed=3))
+    for key in "ddssaaww":
+        engine.submit(ChunkRequest("s", engine.new_request_id(), actions=[FrameAction(frozenset({key}))] * 4))
+    parts: dict[int, np.ndarray] = {}
+    with torch.no_grad():
+        while engine.has_work():
+            for out in engine.step():
+                assert isinstance(out, ChunkCommitted)
+                parts[out.frame0] = out.frames
+    return np.concatenate([parts[k] for k in sorted(parts)])
+
+
 def nal_types(unit: bytes) -> list[int]:
     return [nal[0] & 0x1F for nal in nal_units(unit)]
 
@@ -77,6 +103,52 @@ def test_h264_round_trip_psnr(size: int) -> None:
         decoded.extend(out)
     assert all(frame.shape == (size, size, 3) and frame.dtype == np.uint8 for frame in decoded)
     assert min(psnr(a, b) for a, b in zip(frames, decoded, strict=True)) >= 35
+
+
+def decode_all(encoder: H264Encoder, frames: np.ndarray) -> tuple[np.ndarray, int]:
+    """``frames`` through ``encoder`` and a decoder told its scale: (decoded frames, bytes)."""
+    units = [unit for unit, _ in encoder.encode(frames)]
+    decoder = ChunkDecoder("h264", scale=encoder.scale)
+    msg = m.Frames(chunk=1, frame0=0, count=len(units), codec="h264", key=True, data=units)
+    return decoder.decode(msg), sum(len(unit) for unit in units)
+
+
+def test_h264_keeps_the_default_worlds_pixel_art(tiny_world_frames: np.ndarray) -> None:
+    # 4:2:0 chroma at 64x64 smears pixel-art colour edges (28.5 dB at CRF 18); the session
+    # encoder codes an upscaled frame instead, at no more than twice the bytes.
+    frames = tiny_world_frames
+    assert frames.shape == (32, 64, 64, 3)
+    old, old_bytes = decode_all(H264Encoder(64, 64, 16, crf=18), frames)  # the previous setting
+    encoder = make_encoder("h264", 64, 64, 16)
+    assert isinstance(encoder, H264Encoder)
+    new, new_bytes = decode_all(encoder, frames)
+    assert new.shape == frames.shape  # model-size frames out
+    old_db = np.mean([psnr(a, b) for a, b in zip(frames, old, strict=True)])
+    new_db = np.mean([psnr(a, b) for a, b in zip(frames, new, strict=True)])
+    worst = min(psnr(a, b) for a, b in zip(frames, new, strict=True))
+    assert old_db < 30 and new_db >= 35 and worst >= 35, (old_db, new_db, worst)
+    assert new_bytes <= 2 * old_bytes, (new_bytes, old_bytes)
+    assert encoder.info == m.CodecInfo(name="h264", codec="avc1.42c00a", scale=2)  # 128x128 coded
+
+
+@pytest.mark.parametrize(("size", "scale"), [((64, 64), 2), ((32, 48), 4), ((128, 96), 2), ((256, 128), 1)])
+def test_h264_settings_scale_small_worlds(size: tuple[int, int], scale: int) -> None:
+    assert h264_settings(*size)[0] == scale
+    encoder = make_encoder("h264", *size, 16)
+    assert isinstance(encoder, H264Encoder) and encoder.scale == scale
+    (unit, _), *_ = encoder.encode(np.zeros((1, size[1], size[0], 3), np.uint8))
+    (frame,) = av.CodecContext.create("h264", "r").decode(av.Packet(unit))
+    assert (frame.width, frame.height) == (size[0] * scale, size[1] * scale)
+
+
+def test_h264_decoder_downscales_exactly() -> None:
+    frames = np.random.default_rng(0).integers(0, 256, (2, 8, 8, 3), np.uint8)
+    units = [unit for unit, _ in H264Encoder(8, 8, 16, crf=0, scale=2).encode(frames)]
+    decoder = H264Decoder(scale=2)
+    decoded = [frame for unit in units for frame in decoder.decode(unit)]
+    assert [frame.shape for frame in decoded] == [(8, 8, 3)] * 2
+    with pytest.raises(MediaError, match="scale"):
+        H264Encoder(8, 8, 16, scale=3)
 
 
 def test_h264_stream_starts_with_sps_pps_idr() -> None:
@@ -137,7 +209,7 @@ def test_codec_string(width: int, height: int, expected: str) -> None:
     unit, _ = encoder.encode(np.zeros((1, height, width, 3), np.uint8))[0]
     sps = next(nal for nal in nal_units(unit) if nal[0] & 0x1F == NAL_SPS)
     assert codec_string_from_sps(sps) == encoder.codec_string == expected
-    assert encoder.info == m.CodecInfo(name="h264", codec=expected)
+    assert encoder.info == m.CodecInfo(name="h264", codec=expected, scale=1)
 
 
 def test_bitstream_helpers_on_literals() -> None:
@@ -209,7 +281,7 @@ def test_make_encoder() -> None:
 def test_chunks_through_the_codec(name: m.Codec, min_psnr: float | None) -> None:
     frames = natural_frames(8, 64, 64)
     encoder = make_encoder(name, 64, 64, 16)
-    decoder = ChunkDecoder(encoder.info.name)
+    decoder = ChunkDecoder(encoder.info.name, encoder.info.scale or 1)  # as a client reads `ready.codec`
     decoded = []
     for chunk_index, start in enumerate(range(0, 8, 4), start=1):
         chunk = encoder.encode_chunk(frames[start : start + 4])

@@ -233,6 +233,18 @@ def test_generate() -> None:
     assert msg.actions == ((m.FrameAction(keys=("w",)),), (m.FrameAction(), m.FrameAction()))
 
 
+def test_generate_actions_entry_is_one_map_or_a_list_of_them() -> None:
+    # like step.actions: one action map drives the whole chunk, a list gives one per frame
+    msg = client({"type": "generate", "chunks": 3, "actions": [{"keys": ["w"]}, [{"keys": ["d"]}, {}]]})
+    assert msg.actions == ((m.FrameAction(keys=("w",)),), (m.FrameAction(keys=("d",)), m.FrameAction()))
+    assert m.Generate(chunks=1, actions=[m.FrameAction(keys=("a",))]).actions == (
+        (m.FrameAction(keys=("a",)),),
+    )
+    entry = m.json_schema()["$defs"]["Generate"]["properties"]["actions"]["items"]
+    assert [branch.get("type") for branch in entry["anyOf"]] == [None, "array"]
+    assert entry["anyOf"][0] == {"$ref": "#/$defs/FrameAction"}
+
+
 @pytest.mark.parametrize(
     ("fields", "loc"),
     [
@@ -242,7 +254,8 @@ def test_generate() -> None:
         ({"chunks": 1, "actions": [[{}], [{}]]}, ("actions",)),  # more action lists than chunks
         ({"chunks": 2, "actions": [[]]}, ("actions", 0)),
         ({"chunks": 2, "actions": [[{}] * 257]}, ("actions", 0)),
-        ({"chunks": 2, "actions": [{}]}, ("actions", 0)),  # flat list: each entry must be a list
+        ({"chunks": 2, "actions": ["w"]}, ("actions", 0)),  # an entry is an action map or a list of them
+        ({"chunks": 2, "actions": [{"tilt": 1}]}, ("actions", 0, 0, "tilt")),  # a map is checked too
     ],
 )
 def test_generate_bounds(fields: dict[str, Any], loc: tuple[Any, ...]) -> None:
@@ -276,6 +289,19 @@ def test_ready() -> None:
     assert msg.model.action_space.keys == ("w", "a", "s", "d")
     assert (msg.codec.codec, msg.chunk, msg.protocol) == ("avc1.42c00a", 0, 1)
     assert rejected({**msg.model_dump(), "protocol": 2}, m.SERVER_ADAPTER) == ("protocol",)
+
+
+def test_ready_frame_is_one_image_in_the_session_codec() -> None:
+    base = {"type": "ready", "session_id": "s", "resume_token": "t", "model": MODEL}
+    image = np.zeros((64, 64, 3), np.uint8)
+    assert server({**base, "codec": {"name": "raw"}}).frame is None  # absent: no frame yet
+    assert server({**base, "codec": {"name": "raw"}, "frame": image}).frame is image
+    assert server({**base, "codec": {"name": "jpeg"}, "frame": b"\xff\xd8"}).frame == b"\xff\xd8"
+    assert server({**base, "codec": {"name": "h264", "codec": "avc1"}, "frame": b"\xff\xd8"}).frame
+    assert rejected({**base, "codec": {"name": "jpeg"}, "frame": image}, m.SERVER_ADAPTER) == ()
+    assert rejected({**base, "codec": {"name": "raw"}, "frame": b"x"}, m.SERVER_ADAPTER) == ()
+    chunk = np.zeros((1, 64, 64, 3), np.uint8)  # a chunk is not one image
+    assert rejected({**base, "codec": {"name": "raw"}, "frame": chunk}, m.SERVER_ADAPTER)[0] == "frame"
 
 
 def test_frames_data_forms() -> None:

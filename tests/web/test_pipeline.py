@@ -11,7 +11,7 @@ import pytest
 from sessions.events import CancelledEvent, ClosedEvent, ErrorEvent, FramesEvent, ReadyEvent
 from web import codec
 from web import messages as m
-from web.encoders import ChunkDecoder, H264Encoder, JpegEncoder
+from web.encoders import ChunkDecoder, H264Encoder, JpegEncoder, RawEncoder, decode_jpeg
 from web.outbox import Outbox, OutboxOverflow
 from web.pipeline import CloseRequest, Pipeline, close_code_for
 
@@ -23,6 +23,14 @@ def chunk(n: int, count: int = 4) -> FramesEvent:
     base = rng.integers(0, 256, (1, 1, 1, 3), dtype=np.uint8)  # a flat colour per chunk
     frames = np.broadcast_to(base, (count, 32, 32, 3)).copy()
     return FramesEvent(chunk=n, frame0=4 * (n - 1), frames=frames, action_seq=n - 2, timings={"total": 1.0})
+
+
+def ready(codec_name: m.Codec = "jpeg") -> m.Ready:
+    """A session's `ready`, as the connection attaches it."""
+    model = m.ModelInfo(
+        id="x", fps=15, chunk_frames=4, width=32, height=32, action_space={"keys": [], "mouse": False}
+    )
+    return m.Ready(session_id="s", resume_token="t", model=model, codec=m.CodecInfo(name=codec_name))
 
 
 async def settle(pipe: Pipeline) -> None:
@@ -43,20 +51,7 @@ def test_events_and_replies_keep_their_order() -> None:
         with ThreadPoolExecutor(1) as pool:
             box = Outbox()
             pipe = Pipeline(box, pool)
-            ready = m.Ready(
-                session_id="s",
-                resume_token="t",
-                model=m.ModelInfo(
-                    id="x",
-                    fps=15,
-                    chunk_frames=4,
-                    width=32,
-                    height=32,
-                    action_space={"keys": [], "mouse": False},
-                ),
-                codec=m.CodecInfo(name="jpeg"),
-            )
-            pipe.attach(JpegEncoder(), ready)
+            pipe.attach(JpegEncoder(), ready())
             task = asyncio.create_task(pipe.run())
             pipe.put(chunk(1))
             pipe.put(m.Pong(t=1.0, server_t=2.0))
@@ -84,6 +79,30 @@ def test_events_and_replies_keep_their_order() -> None:
     run(main())
 
 
+def test_ready_events_carry_the_frame_in_the_session_codec() -> None:
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+
+    async def main(encoder) -> list[m.ServerMessage]:
+        with ThreadPoolExecutor(1) as pool:
+            box = Outbox()
+            pipe = Pipeline(box, pool)
+            pipe.attach(encoder, ready(encoder.codec))
+            task = asyncio.create_task(pipe.run())
+            pipe.put(ReadyEvent(chunk=0, frame=image))
+            pipe.put(chunk(1))
+            pipe.put(ReadyEvent(chunk=1))  # a reset of a world with no start frame
+            await settle(pipe)
+            task.cancel()
+            return drain(box)
+
+    first, frames, again = run(main(RawEncoder()))
+    assert isinstance(first, m.Ready) and first.chunk == 0 and np.array_equal(first.frame, image)
+    assert isinstance(frames, m.Frames) and isinstance(again, m.Ready)
+    assert (again.chunk, again.frame, again.session_id) == (1, None, "s")
+    first, *_ = run(main(JpegEncoder()))
+    assert isinstance(first.frame, bytes) and decode_jpeg(first.frame).shape == (32, 32, 3)
+
+
 def test_a_fatal_error_sets_the_close_code() -> None:
     async def main():
         with ThreadPoolExecutor(1) as pool:
@@ -105,7 +124,7 @@ def test_h264_drop_is_followed_by_a_keyframe_the_client_can_start_from() -> None
         with ThreadPoolExecutor(1) as pool:
             box = Outbox(max_chunks=2)  # nobody pops: a client that stopped reading
             pipe = Pipeline(box, pool)
-            pipe.attach(H264Encoder(32, 32, 15), None)
+            pipe.attach(H264Encoder(32, 32, 15), ready("h264"))
             task = asyncio.create_task(pipe.run())
             for n in (1, 2, 3):  # 1 and 2 fill the queue; 3 (a P-frame) overflows it: all go
                 pipe.put(chunk(n))
@@ -128,7 +147,7 @@ def test_room_waits_until_the_outbox_has_space() -> None:
         with ThreadPoolExecutor(1) as pool:
             box = Outbox(max_chunks=2)
             pipe = Pipeline(box, pool)
-            pipe.attach(JpegEncoder(), None, lossless=True)
+            pipe.attach(JpegEncoder(), ready(), lossless=True)
             task = asyncio.create_task(pipe.run())
             await asyncio.wait_for(pipe.room(), 1)  # empty: room at once
             pipe.put(chunk(1))

@@ -18,3 +18,15 @@ def test_burst_then_rate() -> None:
 def test_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
         TokenBucket(rate=0, burst=1)
+
+
+def test_charge_after_the_fact_goes_into_bounded_debt() -> None:
+    now = [0.0]
+    bucket = TokenBucket(rate=10, burst=3, clock=lambda: now[0])
+    assert bucket.take()
+    bucket.charge(100)  # an expensive event: debt, floored at -burst
+    assert not bucket.take()
+    now[0] = 0.35  # -3 + 3.5 tokens
+    assert [bucket.take(), bucket.take()] == [False, False]
+    now[0] = 0.45  # -3 + 4.5
+    assert [bucket.take(), bucket.take()] == [True, False]

@@ -83,3 +83,25 @@ def test_http_routes(worlds) -> None:
             assert (await fetch(server.url + "/v1/session"))[0] == 426  # a websocket endpoint
 
     run(main())
+
+
+async def raw_get(port: int, target: bytes) -> int:
+    """The status of a GET sent byte for byte (no client library would send a NUL)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    writer.close()
+    return status
+
+
+def test_odd_static_paths_are_client_errors(worlds, caplog) -> None:
+    async def main():
+        async with serving(worlds) as server:
+            assert await raw_get(server.port, b"/a\x00b") == 400
+            assert await raw_get(server.port, b"/" + b"a" * 256) == 404  # longer than a file name
+            assert await raw_get(server.port, b"/" + b"a/" * 3000) == 404  # longer than a path
+            assert await raw_get(server.port, b"/") == 200
+
+    run(main())
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import socket
 import subprocess
 import sys
 import threading
@@ -12,14 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from web import codec, convert
 from web import messages as m
-from web.errors import ErrorCode, ServerError, SessionClosed, StepCancelled
+from web.errors import ErrorCode, ServerError, ServerUnreachable, SessionClosed, StepCancelled
 from web.sdk import Client, attach, connect, generate
 from web.sdk import sync as sync_sdk
 from web.sdk.actions import frame_actions
+from web.sdk.core import ClientCore
 from web.sdk.urls import session_url
 
-from .conftest import run, serving, serving_in_thread
+from .conftest import psnr, run, serving, serving_in_thread
 
 
 def test_sdk_imports_without_torch() -> None:
@@ -45,6 +49,49 @@ def test_urls_and_actions() -> None:
     assert len(frame_actions([{}, {"keys": ["w"]}, m.FrameAction()])) == 3
     with pytest.raises(ValueError, match="unknown action fields"):
         frame_actions({"key": "w"})
+
+
+def test_ready_frame_is_decoded_to_an_array() -> None:
+    model = m.ModelInfo(
+        id="w", fps=15.0, chunk_frames=4, width=8, height=4, action_space=m.ActionSpace(keys=(), mouse=False)
+    )
+    image = np.full((4, 8, 3), 120, np.uint8)
+    jpeg = convert.ready_frame("jpeg", image)
+    core = ClientCore("jpeg")
+    core.receive(
+        codec.encode(
+            m.Ready(session_id="s", resume_token="", model=model, codec=m.CodecInfo(name="jpeg"), frame=jpeg)
+        )
+    )
+    assert core.ready.frame.shape == (4, 8, 3) and core.ready.frame.dtype == np.uint8
+    assert np.abs(core.ready.frame.astype(int) - 120).max() <= 2
+    core.receive(codec.encode(m.Done(chunks=0, frames=0)))
+    assert core.generated(m.Done(chunks=0, frames=0)).start is core.ready.frame
+    raw = ClientCore("raw")
+    raw.receive(
+        codec.encode(m.Ready(session_id="s", resume_token="t", model=model, codec=m.CodecInfo(name="raw")))
+    )
+    assert raw.ready.frame is None
+
+
+def test_image_started_worlds_give_their_start_frame_in_ready(worlds) -> None:
+    with serving_in_thread(worlds) as server:
+        with Client(server.url, model="tiny-image", seed=4) as world:
+            start = world.ready.frame
+            assert start.shape == (32, 32, 3) and start.dtype == np.uint8
+            frames = world.step({"keys": ["w"]})  # the first step's chunk is its own, not the start
+            assert frames.shape == (4, 32, 32, 3) and world.core.received == 1
+            assert np.array_equal(world.reset(seed=4).frame, start)  # the same seed starts the same
+        g = sync_sdk.generate(server.url, model="tiny-image", chunks=1, seed=4)
+        assert np.array_equal(g.start, start) and [c.chunk for c in g.chunks] == [1] and len(g.frames) == 4
+
+    async def main():
+        async with connect(server.url, model="tiny-image", seed=4, mode="lockstep", codec="jpeg") as s:
+            assert s.ready.frame.shape == (32, 32, 3) and psnr(s.ready.frame, start) >= 35
+            assert (await s.step({})).shape == (4, 32, 32, 3)
+
+    with serving_in_thread(worlds) as server:
+        run(main())
 
 
 def test_async_lockstep_session(worlds) -> None:
@@ -115,6 +162,8 @@ def test_async_reconnect_fork_and_generate(worlds) -> None:
                     assert f.ready.chunk == 2 and (await f.step({})).shape == (4, 32, 32, 3)
             g = await generate(server.url, chunks=3, actions=[{"keys": ["w"]}] * 3, seed=3, codec="raw")
             assert np.array_equal(g.frames, np.concatenate(reference)) and g.done.chunks == 3
+            g = await generate(server.url, chunks=2, seed=3, codec="h264")  # model-size frames
+            assert g.frames.shape == (7, 32, 32, 3)
             with pytest.raises(ServerError) as info:
                 await generate(server.url, chunks=1, model="nope")
             assert info.value.code is ErrorCode.NOT_FOUND and info.value.fatal
@@ -140,7 +189,7 @@ def test_sync_client_waits_for_the_server_and_steps(worlds) -> None:
     def client_first() -> None:
         while "port" not in box:
             time.sleep(0.01)
-        with Client(f"127.0.0.1:{box['port']}", seed=3, wait_s=60) as world:
+        with Client(f"127.0.0.1:{box['port']}", seed=3, connect_timeout=60) as world:
             box["ready"] = world.ready
             box["frames"] = [world.step({"keys": ["w"]}) for _ in range(2)]
             box["reset"] = world.reset(seed=3)
@@ -160,6 +209,32 @@ def test_sync_client_waits_for_the_server_and_steps(worlds) -> None:
     assert [f.shape for f in box["frames"]] == [(3, 32, 32, 3), (4, 32, 32, 3)]
     assert box["reset"].chunk == 2 and np.array_equal(box["again"], box["frames"][0])
     assert box["token"]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_no_server_fails_with_a_clear_connection_error() -> None:
+    url = f"127.0.0.1:{free_port()}"
+    want = f"no worldserve server at ws://{url}/v1/session"
+    assert inspect.signature(Client).parameters["connect_timeout"].default <= 10  # documented, short
+    with pytest.raises(ServerUnreachable, match=want) as info:
+        Client(url, connect_timeout=0.5)
+    assert isinstance(info.value, ConnectionError) and info.value.url == f"ws://{url}/v1/session"
+    with pytest.raises(ServerUnreachable, match=want):
+        sync_sdk.generate(url, chunks=1, connect_timeout=0.5)
+
+    async def main():
+        with pytest.raises(ServerUnreachable, match=want):
+            await connect(url, connect_timeout=0.5)
+        with pytest.raises(ServerUnreachable, match=want):
+            await generate(url, chunks=1, connect_timeout=0.5)
+
+    run(main())
 
 
 def test_sync_realtime_generate_and_errors(worlds) -> None:

@@ -1,17 +1,21 @@
 """web/server.py end to end: a real server on loopback, raw protocol clients, every message type,
-resume after a dropped socket, fork, one-shot, H.264 quality, and a stalled client."""
+resume after a dropped socket, fork, one-shot, H.264 quality, a stalled client, and shutdown."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 
+import msgpack
 import numpy as np
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from web import codec
 from web import messages as m
+from web.encoders import decode_jpeg
 from web.sdk import attach, connect
+from web.server import Server, ServerConfig, exposure_warning
 
 from .conftest import dial, psnr, recv, recv_until, run, send, serving
 
@@ -116,19 +120,70 @@ def test_realtime_credits_pause_resume_and_actions(worlds) -> None:
     run(main())
 
 
-def test_image_started_world_sends_its_start_frame(worlds) -> None:
+def test_start_frame_travels_in_ready_and_each_step_gets_exactly_one_chunk(worlds) -> None:
     async def main():
         async with serving(worlds) as server:
             ws = await dial(server)
             await send(ws, m.Open(model="tiny-image", seed=4, mode="lockstep", codec="raw"))
-            await recv(ws)
-            start = await recv(ws)
-            assert (
-                isinstance(start, m.Frames)
-                and start.chunk == 1
-                and start.count == 1
-                and start.action_seq is None
-            )
+            ready = await recv(ws)
+            assert isinstance(ready, m.Ready) and ready.chunk == 0
+            start = ready.frame
+            assert isinstance(start, np.ndarray) and start.shape == (32, 32, 3) and start.dtype == np.uint8
+            await send(ws, m.Ping(t=1.0))
+            assert isinstance(await recv(ws), m.Pong)  # nothing comes before the first step
+            got = []
+            for seq in (1, 2):  # a v1 client pairs each step with the next `frames`
+                await send(ws, m.Step(seq=seq, actions=[W]))
+                got.append(await recv(ws))
+                assert isinstance(got[-1], m.Frames) and (got[-1].chunk, got[-1].action_seq) == (seq, seq)
+                await send(ws, m.Ping(t=2.0))
+                assert isinstance(await recv(ws), m.Pong)  # and nothing else came
+            assert got[0].frame0 == 1 and got[1].frame0 == 1 + got[0].count  # the start image is frame 0
+            await send(ws, m.Ack(chunk=2))
+            await send(ws, m.Ping(t=3.0))
+            assert isinstance(await recv(ws), m.Pong)  # the ack has been read
+
+            ws.transport.abort()  # resumed: `ready` carries the latest committed frame
+            ws = await dial(server, f"?resume={ready.resume_token}")
+            again = await recv(ws)
+            assert again.chunk == 2 and np.array_equal(again.frame, got[1].data[-1])
+
+            await send(ws, m.Reset(seq=3, seed=9))  # reset: the new world's start frame
+            reset = await recv(ws)
+            assert isinstance(reset, m.Ready) and reset.chunk == 2 and not np.array_equal(reset.frame, start)
+            fresh = await dial(server)
+            await send(fresh, m.Open(model="tiny-image", seed=9, mode="lockstep", codec="raw"))
+            assert np.array_equal((await recv(fresh)).frame, reset.frame)  # what seed 9 starts from
+
+            for name in ("jpeg", "h264"):  # every other codec: one JPEG of the same picture
+                other = await dial(server)
+                await send(other, m.Open(model="tiny-image", seed=4, mode="lockstep", codec=name))
+                jpeg = (await recv(other)).frame
+                assert isinstance(jpeg, bytes) and psnr(decode_jpeg(jpeg), start) >= 35
+
+            plain = await dial(server)  # a world that is not image-started has no frame yet
+            await send(plain, m.Open(seed=4, mode="lockstep", codec="raw"))
+            assert (await recv(plain)).frame is None
+
+    run(main())
+
+
+def test_the_default_world_starts_from_the_game_start_frame() -> None:
+    from models import registry
+    from models.registry import game_start_image
+
+    async def main():
+        world = registry.from_name(registry.DEFAULT_MODEL)
+        async with serving({world.spec.id: world}, default_model=world.spec.id) as server:
+            frames = {}
+            for name in ("raw", "jpeg"):
+                ws = await dial(server)
+                await send(ws, m.Open(seed=7, mode="lockstep", codec=name))
+                frame = (await recv(ws)).frame
+                frames[name] = frame if name == "raw" else decode_jpeg(frame)
+        game = game_start_image(7, world.spec.width)
+        assert psnr(frames["raw"], game) >= 33  # the start image, through the world's autoencoder
+        assert psnr(frames["jpeg"], frames["raw"]) >= 35
 
     run(main())
 
@@ -208,8 +263,11 @@ def test_oneshot_streams_frames_then_done_then_closes(worlds) -> None:
             ws = await dial(server)
             await send(ws, m.Generate(seed=8, chunks=3, actions=[[W], [D]], codec="raw"))
             msgs = await recv_until(ws, m.Done)
+            ready = msgs[0]  # an addition: a one-shot starts with `ready` too
+            assert isinstance(ready, m.Ready) and ready.chunk == 0 and ready.resume_token == ""
+            assert ready.frame is None and ready.model.id == "tiny" and ready.codec.name == "raw"
             frames = [msg for msg in msgs if isinstance(msg, m.Frames)]
-            assert [f.chunk for f in frames] == [1, 2, 3] and len(msgs) == 4
+            assert [f.chunk for f in frames] == [1, 2, 3] and len(msgs) == 5
             done = msgs[-1]
             assert done.chunks == 3 and done.frames == len(reference) and "denoise" in done.timings
             assert np.array_equal(np.concatenate([f.data for f in frames]), reference)
@@ -217,6 +275,45 @@ def test_oneshot_streams_frames_then_done_then_closes(worlds) -> None:
             assert isinstance(closed, m.Closed) and closed.reason == "done"
             await closed_with(ws, 1000)
             assert len(server.manager) == 0
+
+            ws = await dial(server)  # an image-started world: its start frame in `ready`, not a chunk
+            await send(ws, m.Generate(model="tiny-image", seed=4, chunks=2, codec="raw"))
+            msgs = await recv_until(ws, m.Done)
+            opened = await dial(server)
+            await send(opened, m.Open(model="tiny-image", seed=4, mode="lockstep", codec="raw"))
+            assert np.array_equal(msgs[0].frame, (await recv(opened)).frame)
+            frames = [msg for msg in msgs if isinstance(msg, m.Frames)]
+            assert [(f.chunk, f.frame0) for f in frames] == [(1, 1), (2, 1 + frames[0].count)]
+            assert msgs[-1].chunks == 2
+
+    run(main())
+
+
+def test_oneshot_actions_may_be_one_map_per_chunk_or_a_list_per_frame(worlds) -> None:
+    async def main():
+        async with serving(worlds) as server:
+            async with connect(server.url, seed=6, mode="lockstep", codec="raw") as ref:
+                reference = np.concatenate([await ref.step(a) for a in [[W], [D] * 4, [{"keys": ["a"]}]]])
+            ws = await dial(server)
+            d = {
+                "keys": ["d"],
+                "mouse": [1.0, -2.0],
+                "vector": codec.pack_array(np.array([0.5, -0.5], np.float32)),
+            }
+            actions = [
+                {"keys": ["w"]},
+                [d] * 4,
+                {"keys": ["a"]},
+            ]  # a map, a list, a map: as a v1 client sends
+            await ws.send(
+                msgpack.packb(
+                    {"type": "generate", "seed": 6, "chunks": 3, "actions": actions, "codec": "raw"}
+                )
+            )
+            msgs = await recv_until(ws, m.Done)
+            frames = [msg.data for msg in msgs if isinstance(msg, m.Frames)]
+            assert np.array_equal(np.concatenate(frames), reference)
+            ws.transport.abort()
 
     run(main())
 
@@ -250,7 +347,7 @@ def test_h264_frames_decode_close_to_the_raw_frames(worlds) -> None:
             connect(server.url, model="smooth", seed=5, mode="lockstep", codec="raw") as raw,
             connect(server.url, model="smooth", seed=5, mode="lockstep", codec="h264") as h264,
         ):
-            assert h264.ready.codec.codec == "avc1.42c00a"
+            assert h264.ready.codec.codec == "avc1.42c00a" and h264.ready.codec.scale == 4  # 128x128 coded
             exact = np.concatenate([await raw.step(a) for a in script])
             decoded = np.concatenate([await h264.step(a) for a in script])
         assert decoded.shape == exact.shape == (23, 32, 32, 3)
@@ -280,5 +377,96 @@ def test_a_client_that_never_reads_does_not_stall_another(worlds) -> None:
                 await asyncio.sleep(0.1)
             assert DROPPED_FRAMES.labels("raw")._value.get() > before
             stalled.transport.abort()
+
+    run(main())
+
+
+# -- who may connect ------------------------------------------------------------------------------
+
+
+async def handshake_status(server, **kwargs) -> int:
+    """101 when the websocket opened (then closed again), else the HTTP status it was refused with."""
+    try:
+        ws = await ws_connect(server.ws_url, proxy=None, compression=None, **kwargs)
+    except InvalidStatus as exc:
+        return exc.response.status_code
+    await ws.close()
+    return 101
+
+
+def test_foreign_origins_are_refused(worlds) -> None:
+    async def main():
+        async with serving(worlds) as server:
+            here = f"http://127.0.0.1:{server.port}"
+            assert await handshake_status(server) == 101  # not a browser
+            assert await handshake_status(server, origin=here) == 101  # the page this server serves
+            for foreign in ("http://evil.example", f"http://localhost:{server.port}", "null"):
+                assert await handshake_status(server, origin=foreign) == 403, foreign
+        async with serving(worlds, allow_origins=("https://app.example",)) as server:
+            assert await handshake_status(server, origin="https://app.example") == 101
+            assert await handshake_status(server, origin="https://other.example") == 403
+        async with serving(worlds, allow_origins=("*",)) as server:
+            assert await handshake_status(server, origin="https://other.example") == 101
+
+    run(main())
+
+
+def test_connections_past_the_cap_get_503(worlds) -> None:
+    async def main():
+        async with serving(worlds, max_connections=2) as server:
+            first, second = await dial(server), await dial(server)
+            assert await handshake_status(server) == 503
+            await send(second, m.Ping(t=1.0))
+            assert isinstance(await recv(second), m.Pong)  # the admitted ones are served as usual
+            await first.close()
+            for _ in range(100):  # the server sees the close a moment later
+                if (status := await handshake_status(server)) == 101:
+                    break
+                await asyncio.sleep(0.05)
+            assert status == 101
+
+    run(main())
+
+
+def test_listening_beyond_loopback_without_a_token_warns() -> None:
+    assert exposure_warning(ServerConfig(host="127.0.0.1")) is None
+    assert exposure_warning(ServerConfig(host="::1")) is None
+    assert exposure_warning(ServerConfig(host="localhost")) is None
+    assert exposure_warning(ServerConfig(host="0.0.0.0", token="s3cret")) is None
+    for host in ("0.0.0.0", "", "192.168.1.5", "example.com"):
+        assert "--token" in (exposure_warning(ServerConfig(host=host)) or ""), host
+
+
+def test_stop_tells_sessions_and_one_shots_and_cuts_a_stalled_socket(worlds) -> None:
+    async def until_closed(ws) -> list[m.ServerMessage]:
+        got = []
+        try:
+            while True:
+                got.append(await recv(ws, 30))
+        except ConnectionClosed:
+            return got
+
+    async def main():
+        server = Server(worlds, ServerConfig(port=0, default_model="tiny", outbox_chunks=2, send_buffer=8192))
+        await server.start()
+        try:
+            stalled = await dial_stalled(server)  # never reads: its socket cannot drain
+            await send(stalled, m.Open(seed=1, codec="raw", max_ahead=64))
+            live = await dial(server)
+            await send(live, m.Open(seed=2, mode="lockstep", codec="raw"))
+            assert isinstance(await recv(live), m.Ready)
+            oneshot = await dial(server)
+            await send(oneshot, m.Generate(chunks=10_000, codec="jpeg"))
+            assert isinstance((await recv_until(oneshot, m.Frames))[-1], m.Frames)  # it is running
+            bare = await dial(server)  # nothing attached
+            await send(bare, m.Ping(t=1.0))
+            assert isinstance(await recv(bare), m.Pong)
+        finally:
+            await server.stop()  # returns although `stalled` never reads
+        for ws in (live, oneshot):
+            assert (await until_closed(ws))[-1] == m.Closed(reason="shutdown")
+            assert ws.close_code == 1001
+        assert await until_closed(bare) == [] and bare.close_code == 1001
+        stalled.transport.abort()
 
     run(main())

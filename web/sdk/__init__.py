@@ -12,10 +12,12 @@ Sync (scripts, notebooks, robot loops)::
     with Client("127.0.0.1:8000") as world:               # lockstep, raw
         frames = world.step({"keys": ["w"]})
 
-Server errors raise :class:`~web.errors.ServerError` carrying the protocol ``code``.
+Server errors raise :class:`~web.errors.ServerError` carrying the protocol ``code``; when no
+server answers within ``connect_timeout`` (default 5 s) the call raises
+:class:`~web.errors.ServerUnreachable` (a ``ConnectionError``) naming the URL.
 """
 
-from web.errors import ServerError, SessionClosed, StepCancelled
+from web.errors import ServerError, ServerUnreachable, SessionClosed, StepCancelled
 from web.sdk.aio import attach, connect, generate
 from web.sdk.base import BaseWorld
 from web.sdk.session import Session
@@ -28,6 +30,7 @@ __all__ = [
     "Client",
     "Generated",
     "ServerError",
+    "ServerUnreachable",
     "Session",
     "SessionClosed",
     "StepCancelled",

@@ -8,7 +8,7 @@ from web.sdk.actions import ActionLike
 from web.sdk.core import ClientCore, generate_message, open_message
 from web.sdk.session import Session
 from web.sdk.types import Generated
-from web.sdk.urls import session_url
+from web.sdk.urls import CONNECT_TIMEOUT_S, session_url
 
 __all__ = ["attach", "connect", "generate"]
 
@@ -18,7 +18,8 @@ class connect:  # lowercase like websockets' `connect`: awaited or used as a con
 
     ``url``: ``HOST:PORT``, ``ws://HOST:PORT`` or ``http://HOST:PORT``. With ``resume=TOKEN`` it
     attaches to a live session instead; the other session arguments are then ignored, and
-    ``codec`` picks the codec of this socket.
+    ``codec`` picks the codec of this socket. ``connect_timeout``: seconds to keep trying to reach
+    the server before raising :exc:`~web.errors.ServerUnreachable`.
     """
 
     def __init__(
@@ -33,14 +34,16 @@ class connect:  # lowercase like websockets' `connect`: awaited or used as a con
         max_ahead: int = 2,
         debug: dict[str, Any] | None = None,
         resume: str | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
     ) -> None:
         self.url = url
         self.resume = resume
+        self.connect_timeout = connect_timeout
         self.open = open_message(model, seed, mode, codec, token, max_ahead, debug)
         self.session: Session | None = None
 
     async def _open(self) -> Session:
-        session = Session(self.url, ClientCore(self.open.codec))
+        session = Session(self.url, ClientCore(self.open.codec), self.connect_timeout)
         try:
             if self.resume is None:
                 await session.start(session_url(self.url), self.open)
@@ -77,10 +80,11 @@ async def generate(
     seed: int | None = None,
     codec: m.Codec = "jpeg",
     token: str | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT_S,
 ) -> Generated:
     """One-shot: ``chunks`` chunks, ``actions[i]`` driving chunk i + 1 (later chunks get no input)."""
     msg = generate_message(chunks, actions, model, seed, codec, token)
-    session = Session(url, ClientCore(codec))
+    session = Session(url, ClientCore(codec), connect_timeout)
     try:
         done: m.Done = await session.start(session_url(url), msg, ("done", None))
     finally:

@@ -4,7 +4,9 @@ A transport feeds every server message to :meth:`ClientCore.receive` and waits u
 :meth:`ClientCore.take` has the reply it wants. Keys: ``("ready", None)``, ``("step", seq)`` (the
 chunk a lockstep step made), ``("cancelled", seq)``, ``("forked", seq)``, ``("pong", t)``,
 ``("done", None)``. Every chunk is decoded (H.264 needs them all) but handed out once: after a
-resume the server re-sends unacked chunks, and those already received are dropped here.
+resume the server re-sends unacked chunks, and those already received are dropped here. A
+``ready``'s ``frame`` (the world's latest frame: an image-started world's start frame) is decoded
+too: ``ready.frame`` is an (H, W, 3) uint8 array or None.
 """
 
 from collections import deque
@@ -15,7 +17,7 @@ import numpy as np
 
 from web import messages as m
 from web.codec import parse_server
-from web.encoders import ChunkDecoder
+from web.encoders import ChunkDecoder, decode_jpeg
 from web.errors import ServerError, SessionClosed, StepCancelled
 from web.sdk.actions import ActionLike, frame_actions
 from web.sdk.types import Chunk, Generated
@@ -133,7 +135,10 @@ class ClientCore:
         if isinstance(msg, m.Frames):
             self._frames(msg)
         elif isinstance(msg, m.Ready):
+            if isinstance(msg.frame, bytes):  # a JPEG (every codec but raw)
+                msg = msg.model_copy(update={"frame": decode_jpeg(msg.frame)})
             self.ready = msg
+            self._decoder.set_scale(msg.codec.scale or 1)
             self._reply(("ready", None), msg)
         elif isinstance(msg, m.Cancelled):
             for key, seq in list(self._awaited.items()):
@@ -153,10 +158,14 @@ class ClientCore:
             self._fail_awaited(SessionClosed(msg.reason))
 
     def generated(self, done: m.Done) -> Generated:
-        """A finished one-shot: every received chunk's frames in order, and the server's summary."""
+        """A finished one-shot: every received chunk's frames in order, the frame the run started
+        from (``ready.frame``), and the server's summary."""
         got = list(self.chunks)
         frames = [c.frames for c in got if len(c.frames)]
-        return Generated(np.concatenate(frames) if frames else np.empty((0, 0, 0, 3), np.uint8), got, done)
+        start = None if self.ready is None else self.ready.frame
+        return Generated(
+            np.concatenate(frames) if frames else np.empty((0, 0, 0, 3), np.uint8), got, done, start
+        )
 
     # -- internals ------------------------------------------------------------------------------
 

@@ -15,21 +15,38 @@ from websockets.exceptions import ConnectionClosed
 
 from web import messages as m
 from web.codec import encode
-from web.errors import SessionClosed, WebError
+from web.errors import ServerUnreachable, SessionClosed, WebError
 from web.sdk.actions import ActionLike, frame_actions, vector_array
 from web.sdk.core import ENDED, ClientCore, Key
 from web.sdk.types import Chunk
-from web.sdk.urls import CLIENT_MAX_SIZE, session_url
+from web.sdk.urls import CLIENT_MAX_SIZE, CONNECT_TIMEOUT_S, RETRY_S, session_url
 
 __all__ = ["Session"]
+
+
+async def _dial(url: str, timeout_s: float) -> ClientConnection:
+    """Connect, retrying while nothing listens yet for at most ``timeout_s`` (ServerUnreachable)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        try:
+            # proxy=None: websockets >= 15 would pick up a system proxy, even for loopback
+            return await connect(
+                url, proxy=None, compression=None, max_size=CLIENT_MAX_SIZE, open_timeout=max(left, RETRY_S)
+            )
+        except OSError as exc:  # refused, unreachable, or the handshake timed out
+            if left <= RETRY_S:
+                raise ServerUnreachable(url, timeout_s, exc) from exc
+            await asyncio.sleep(RETRY_S)
 
 
 class Session:
     """One session over a websocket (async)."""
 
-    def __init__(self, url: str, core: ClientCore) -> None:
+    def __init__(self, url: str, core: ClientCore, connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
         self.url = url  # the server, as given
         self.core = core
+        self.connect_timeout = connect_timeout  # seconds to keep trying to reach the server
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()  # replaced on every message; waiters hold the old one
@@ -42,10 +59,10 @@ class Session:
         return self.core.ready
 
     async def start(self, url: str, first: m.ClientMessage | None, reply: Key = ("ready", None)) -> Any:
-        """Dial ``url``, send ``first`` (None: the server speaks first), return the ``reply``."""
+        """Dial ``url`` (retrying for at most ``connect_timeout`` s, then ServerUnreachable), send
+        ``first`` (None: the server speaks first), return the ``reply``."""
         self.core.expect(reply, None)  # before dialing: a resumed session's `ready` comes at once
-        # proxy=None: websockets >= 15 would pick up a system proxy, even for loopback
-        self._ws = await connect(url, proxy=None, compression=None, max_size=CLIENT_MAX_SIZE)
+        self._ws = await _dial(url, self.connect_timeout)
         self._reader = asyncio.create_task(self._read(self._ws))
         if first is not None:
             await self.send(first)
@@ -91,6 +108,11 @@ class Session:
         self.core.expect(key, seq)
         await self.send(msg)
         return await self._wait(key)
+
+    async def call(self, msg: m.ClientMessage, key: Key, seq: int | None) -> Any:
+        """Send ``msg`` and wait for the reply filed under ``key`` (see :mod:`web.sdk.core`); an
+        `error` carrying ``seq`` answers it instead."""
+        return await self._call(msg, key, seq)
 
     # -- lockstep -------------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
     with Client("127.0.0.1:8000", seed=0) as world:      # lockstep, raw frames by default
         frames = world.step({"keys": ["w"]})              # (T, H, W, 3) uint8
 
-The constructor retries until the server is up (``wait_s``) and caches its ``ready`` metadata.
+The constructor connects, retrying while nothing listens for at most ``connect_timeout`` seconds
+(then :exc:`~web.errors.ServerUnreachable`, naming the URL), and caches the ``ready`` metadata.
 Replies are read inline: every call sends, then reads messages until its own has been filed.
 """
 
@@ -18,33 +19,47 @@ from websockets.sync.client import ClientConnection, connect
 
 from web import messages as m
 from web.codec import encode
-from web.errors import SessionClosed
+from web.errors import ServerUnreachable, SessionClosed
 from web.sdk.actions import ActionLike, frame_actions, vector_array
 from web.sdk.base import BaseWorld
 from web.sdk.core import ENDED, ClientCore, Key, generate_message, open_message
 from web.sdk.types import Chunk, Generated
-from web.sdk.urls import CLIENT_MAX_SIZE, session_url
+from web.sdk.urls import CLIENT_MAX_SIZE, CONNECT_TIMEOUT_S, RETRY_S, session_url
 
 __all__ = ["Client", "generate"]
 
 log = logging.getLogger(__name__)
 
 
-def _wait_for_server(url: str, wait_s: float) -> ClientConnection:
-    """Connect, retrying while nothing listens yet (a server still loading its worlds)."""
-    deadline = time.monotonic() + wait_s
+def _connect(url: str, timeout_s: float) -> ClientConnection:
+    """Connect, retrying while nothing listens yet (a server still loading its worlds) for at most
+    ``timeout_s``. Raises ServerUnreachable once that has passed."""
+    deadline = time.monotonic() + timeout_s
     while True:
+        left = deadline - time.monotonic()
         try:
-            return connect(url, proxy=None, compression=None, max_size=CLIENT_MAX_SIZE, legacy=True)
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                raise
+            return connect(
+                url,
+                proxy=None,
+                compression=None,
+                max_size=CLIENT_MAX_SIZE,
+                open_timeout=max(left, RETRY_S),  # the TCP connect and the handshake share the budget
+                legacy=True,
+            )
+        except OSError as exc:  # refused, unreachable, or the handshake timed out
+            if left <= RETRY_S:
+                raise ServerUnreachable(url, timeout_s, exc) from exc
             log.info("waiting for the server at %s: %s", url, exc)
-            time.sleep(0.5)
+            time.sleep(RETRY_S)
 
 
 class Client(BaseWorld):
-    """One session (sync). ``resume=TOKEN`` attaches to a live session instead of opening one."""
+    """One session (sync). ``resume=TOKEN`` attaches to a live session instead of opening one.
+
+    ``connect_timeout``: seconds to keep trying to reach the server (it may still be starting)
+    before raising :exc:`~web.errors.ServerUnreachable`; ``timeout_s``: seconds to wait for
+    each reply (None: forever).
+    """
 
     def __init__(
         self,
@@ -58,11 +73,11 @@ class Client(BaseWorld):
         max_ahead: int = 2,
         debug: dict[str, Any] | None = None,
         resume: str | None = None,
-        wait_s: float = 30.0,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
         timeout_s: float | None = None,
     ) -> None:
         self.url = url  # the server, as given
-        self.wait_s = wait_s  # how long to retry connecting
+        self.connect_timeout = connect_timeout  # how long to retry connecting
         self.timeout_s = timeout_s  # how long to wait for a reply; None: forever
         self.core = ClientCore(codec)
         self._ws: ClientConnection | None = None
@@ -80,7 +95,7 @@ class Client(BaseWorld):
 
     def _start(self, url: str, first: m.ClientMessage | None, reply: Key = ("ready", None)) -> Any:
         self.core.expect(reply, None)
-        self._ws = _wait_for_server(url, self.wait_s)
+        self._ws = _connect(url, self.connect_timeout)
         try:
             if first is not None:
                 self.send(first)
@@ -216,13 +231,13 @@ def generate(
     seed: int | None = None,
     codec: m.Codec = "raw",
     token: str | None = None,
-    wait_s: float = 30.0,
+    connect_timeout: float = CONNECT_TIMEOUT_S,
 ) -> Generated:
     """One-shot: ``chunks`` chunks, ``actions[i]`` driving chunk i + 1; every frame, in order."""
     core = ClientCore(codec)
     core.expect(("done", None), None)
     msg = generate_message(chunks, actions, model, seed, codec, token)
-    with _wait_for_server(session_url(url), wait_s) as ws:
+    with _connect(session_url(url), connect_timeout) as ws:
         ws.send(encode(msg))
         try:
             while (done := core.take(("done", None))) is None:

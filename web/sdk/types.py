@@ -27,3 +27,6 @@ class Generated:
     frames: np.ndarray = field(repr=False)  # (N, H, W, 3) uint8, every chunk's frames in order
     chunks: list[Chunk] = field(repr=False)  # the chunks as they arrived
     done: Done  # the server's summary (chunks, frames, timings)
+    # (H, W, 3) uint8: the frame the run started from (ready.frame: an image-started world's start
+    # image, not among `frames`); None when the world has none
+    start: np.ndarray | None = field(default=None, repr=False)

@@ -2,10 +2,12 @@
 
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-__all__ = ["CLIENT_MAX_SIZE", "session_url"]
+__all__ = ["CLIENT_MAX_SIZE", "CONNECT_TIMEOUT_S", "RETRY_S", "session_url"]
 
 SESSION_PATH = "/v1/session"
 CLIENT_MAX_SIZE = 1 << 28  # inbound bytes per message: raw frames are big (640x360x12 is 8 MB)
+CONNECT_TIMEOUT_S = 5.0  # default connect timeout: when no server runs, fail fast
+RETRY_S = 0.25  # pause between connection attempts within the connect timeout
 
 
 def session_url(url: str, *, resume: str | None = None, codec: str | None = None) -> str:

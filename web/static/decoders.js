@@ -2,6 +2,8 @@
 // player's chunk slot (slot.put(i, bitmap) / slot.skip(i)). H.264 uses WebCodecs' VideoDecoder
 // on Annex-B access units (no `description`: SPS/PPS come in-band before every IDR), configured
 // with ready.codec.codec; JPEG uses createImageBitmap on a Blob; raw RGB goes through ImageData.
+// Small worlds' H.264 is coded at ready.codec.scale x the model's size (each pixel a block); the
+// player draws every frame into the model-size canvas, which scales it back.
 
 const NAL_IDR = 5;
 
@@ -51,13 +53,7 @@ export class RawDecoder {
     const [count, height, width] = msg.data.shape;
     const rgb = msg.data.data;
     for (let i = 0; i < count; i++) {
-      const rgba = new Uint8ClampedArray(width * height * 4);
-      for (let p = 0, s = i * width * height * 3; p < rgba.length; p += 4, s += 3) {
-        rgba[p] = rgb[s];
-        rgba[p + 1] = rgb[s + 1];
-        rgba[p + 2] = rgb[s + 2];
-        rgba[p + 3] = 255;
-      }
+      const rgba = rgbToRgba(rgb, i * width * height, width * height);
       createImageBitmap(new ImageData(rgba, width, height)).then(
         (bitmap) => slot.put(i, bitmap),
         () => slot.skip(i),
@@ -152,6 +148,25 @@ export class H264Decoder {
     this.pending.clear();
     if (this.decoder.state !== "closed") this.decoder.close();
   }
+}
+
+/** One picture as an ImageBitmap: `ready.frame`, a {dtype, shape, data} (H, W, 3) array or JPEG bytes. */
+export function decodeStill(frame) {
+  if (frame instanceof Uint8Array) return createImageBitmap(new Blob([frame], { type: "image/jpeg" }));
+  const [height, width] = frame.shape;
+  return createImageBitmap(new ImageData(rgbToRgba(frame.data, 0, width * height), width, height));
+}
+
+/** `pixels` RGB pixels starting at pixel `first` of `rgb`, as opaque RGBA. */
+function rgbToRgba(rgb, first, pixels) {
+  const rgba = new Uint8ClampedArray(pixels * 4);
+  for (let p = 0, s = first * 3; p < rgba.length; p += 4, s += 3) {
+    rgba[p] = rgb[s];
+    rgba[p + 1] = rgb[s + 1];
+    rgba[p + 2] = rgb[s + 2];
+    rgba[p + 3] = 255;
+  }
+  return rgba;
 }
 
 /** The decoder for a `ready.codec`. */

@@ -74,7 +74,8 @@ export class Hud {
     this.set("keys", m ? m.action_space.keys.join(" ") + (m.action_space.mouse ? " + mouse" : "") : "—");
     let codec = s.codec ? CODEC_NAMES[s.codec] ?? s.codec : "—";
     if (s.codec === "h264" && s.codecString) codec += ` (${s.codecString}, WebCodecs)`;
-    this.set("codec", s.fallback ? `${codec} — fallback: ${s.fallback}` : codec, s.fallback ? "warn" : "");
+    const note = s.fallback ? `fallback: ${s.fallback}` : s.codecProblem;
+    this.set("codec", note ? `${codec} — ${note}` : codec, note ? "warn" : "");
     this.set("fps", m ? `${s.fps.toFixed(1)} / ${m.fps}` : s.fps.toFixed(1), m && s.fps < 0.8 * m.fps ? "warn" : "");
     this.set(
       "latency",

@@ -29,6 +29,7 @@ const state = (window.__worldserve = {
   codec: null, // the codec in use: h264 | jpeg | raw
   codecString: null, // WebCodecs codec string (H.264)
   fallback: null, // why JPEG is used instead of the H.264 asked for, or null
+  codecProblem: null, // why the page address's ?codec= was not used, or null
   errors: [], // server errors: {code, message, fatal, seq, text}
   model: null, // model id
   modelInfo: null, // ready.model
@@ -47,6 +48,7 @@ const state = (window.__worldserve = {
   timings: {}, // frames.timings of the last chunk received (ms per stage)
   paused: false,
   skipped: 0, // frames that could not be decoded (or waited too long for the decoder)
+  stillsShown: 0, // ready.frame pictures drawn (the world before its first chunk)
   cancels: 0, // `cancelled` replies
   mouseSent: 0, // |dx| + |dy| sent in actions, px
   forks: [], // resume tokens of forks made here
@@ -125,6 +127,7 @@ $("model").addEventListener("change", (e) => {
 });
 $("codec").addEventListener("change", (e) => {
   e.target.blur();
+  state.codecProblem = null; // a codec picked by hand replaces the address's
   stream.switchCodec(e.target.value);
 });
 window.addEventListener("pagehide", () => stream.close());
@@ -144,8 +147,14 @@ setInterval(() => {
 // -- boot ---------------------------------------------------------------------------------------
 
 async function boot() {
-  const codec = url.get("codec");
-  if (codec && CODECS.includes(codec)) $("codec").value = codec;
+  let codec = url.get("codec");
+  if (codec !== null && !CODECS.includes(codec)) {
+    state.codecProblem = `?codec=${codec} is not one of ${CODECS.join(", ")}; using ${$("codec").value}`;
+    const words = `The page address asks for codec "${codec}", which this page does not know`;
+    hud.say(`${words} (${CODECS.join(", ")}); using ${$("codec").value} instead.`, { level: "warn", sticky: true });
+    codec = null;
+  }
+  if (codec) $("codec").value = codec;
   if (url.has("seed")) $("seed").value = url.get("seed");
   try {
     const res = await fetch("/v1/models");

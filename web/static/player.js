@@ -67,6 +67,12 @@ export class Player {
     }
   }
 
+  /** Show one picture now (ready.frame: the world before its first chunk), outside the buffer. */
+  drawStill(bitmap) {
+    this.ctx.drawImage(bitmap, 0, 0, this.canvas.width, this.canvas.height);
+    bitmap.close();
+  }
+
   add(meta, count) {
     const slot = new Slot(meta, count);
     this.slots.push(slot);

@@ -78,7 +78,21 @@ export function parse(data) {
     throw new ProtocolError("a message must be a map with a string type");
   }
   if (msg.type === "frames") checkFrames(msg);
+  if (msg.type === "ready" && msg.frame !== undefined) checkReadyFrame(msg);
   return msg;
+}
+
+// ready.frame (an addition): the world's latest frame, (H, W, 3) uint8 for raw, one JPEG otherwise
+function checkReadyFrame(msg) {
+  if (msg.codec?.name === "raw") {
+    msg.frame = unpackArray(msg.frame);
+    const { dtype, shape } = msg.frame;
+    if (dtype !== "uint8" || shape.length !== 3 || shape[2] !== 3) {
+      throw new ProtocolError("ready: raw frame must be (H, W, 3) uint8");
+    }
+  } else if (!(msg.frame instanceof Uint8Array)) {
+    throw new ProtocolError("ready: frame must be one JPEG");
+  }
 }
 
 function checkFrames(msg) {

@@ -5,7 +5,10 @@
 // acked); the server's `closed`, a fatal `error` or our own `close` -> closed; giving up -> failed.
 // Messages are handed to `onMessage(msg, socket)`, where `socket` counts the sockets so far, so
 // the caller can tell a resume's `ready` (first on a socket) from a reset's (a later one).
+// An `error` before the first `ready` is a refused `open` (unknown model, bad field, full server):
+// the attempt ends there, `refusal` holds that error, and the status says it in words.
 
+import { errorText } from "./hud.js";
 import { client, pack, parse, ProtocolError, sessionUrl } from "./protocol.js";
 
 const RETRY_MS = [200, 500, 1000, 2000, 3000]; // waits between reconnect attempts (then the last)
@@ -25,6 +28,8 @@ export class SessionSocket {
     this.codec = null; // the codec this session uses (a resume asks for it again)
     this.paused = false;
     this.ended = false; // the session is over: never reconnect
+    this.refusal = null; // the `error` that refused our `open`, if one did
+    this.reached = false; // the current socket opened (the server was reached)
     this.lostAt = null; // when the socket dropped (performance.now())
     this.attempt = 0;
     this.rttMs = null;
@@ -49,6 +54,7 @@ export class SessionSocket {
   open(params) {
     this.token = null;
     this.ended = false;
+    this.refusal = null;
     this.paused = false;
     this.codec = params.codec;
     this.dial(sessionUrl(location), client.open(params));
@@ -58,6 +64,7 @@ export class SessionSocket {
   attach(token, codec) {
     this.token = token;
     this.ended = false;
+    this.refusal = null;
     if (codec) this.codec = codec;
     this.dial(sessionUrl(location, { resume: token, codec: this.codec }), null);
   }
@@ -71,8 +78,11 @@ export class SessionSocket {
     this.ws = ws; // from here on, events of older sockets are ignored
     if (previous && previous.readyState <= WebSocket.OPEN) previous.close(1000, "replaced");
     if (this.status !== "reconnecting") this.setStatus("connecting");
+    this.reached = false;
     ws.onopen = () => {
-      if (ws === this.ws && first) ws.send(pack(first));
+      if (ws !== this.ws) return;
+      this.reached = true;
+      if (first) ws.send(pack(first));
     };
     ws.onmessage = (e) => {
       if (ws !== this.ws) return;
@@ -108,17 +118,30 @@ export class SessionSocket {
       this.rttMs = performance.now() - msg.t;
     } else if (msg.type === "closed") {
       this.ended = true;
+    } else if (msg.type === "error" && !this.token) {
+      this.ended = true; // our `open` was refused: this attempt is over
+      this.refusal = msg;
     } else if (msg.type === "error" && msg.fatal) {
       this.ended = true;
     }
     this.onMessage(msg, socket);
+    // a non-fatal refusal (e.g. invalid_field) leaves the socket open: nothing more will come on it
+    if (this.refusal === msg && !msg.fatal) this.ws?.close(1000, "open refused");
   }
 
   lost(e) {
     if (this.ended || !this.token) {
       this.ended = true;
-      const why = this.token ? "" : `could not reach the server (websocket closed, code ${e.code})`;
-      this.setStatus(this.token || e.wasClean ? "closed" : "failed", why);
+      if (this.refusal) {
+        this.setStatus("failed", errorText({ ...this.refusal, fatal: false }));
+      } else if (this.token) {
+        this.setStatus("closed");
+      } else {
+        const why = this.reached
+          ? `the server closed the connection before the session started (code ${e.code})`
+          : `could not reach the server (websocket closed, code ${e.code})`;
+        this.setStatus(e.wasClean ? "closed" : "failed", why);
+      }
       return;
     }
     this.lostAt ??= performance.now();

@@ -1,9 +1,11 @@
 // A session's stream: server messages -> decoder -> player, and the client's side of the flow
 // control. Chunks are deduplicated by number (a resume re-sends what was not acked), acked when
 // their first frame is on screen, and timed against the input that reached them (latency).
+// `ready.frame` (the world's latest frame, e.g. an image-started world's start frame) is drawn at
+// once for a new session or a reset, unless a chunk's frame got on screen first.
 // H.264 falls back to JPEG (by resuming the session with ?codec=jpeg) when it cannot decode.
 
-import { h264Problem, makeDecoder } from "./decoders.js";
+import { decodeStill, h264Problem, makeDecoder } from "./decoders.js";
 import { closedText, errorText } from "./hud.js";
 import { client } from "./protocol.js";
 import { SessionSocket } from "./session.js";
@@ -27,6 +29,7 @@ export class Stream {
     });
     this.decoder = null;
     this.forkTab = null; // the tab opened for a fork, waiting for `forked`
+    this.stillGen = 0; // counts ready frames: a slow decode of an older one is not drawn
     player.onChunkShown = (slot) => this.shown(slot);
     this.clear();
   }
@@ -165,10 +168,13 @@ export class Stream {
       case "frames": return this.frames(msg);
       case "forked": return this.forked(msg);
       case "pong": state.rttMs = this.conn.rttMs; return;
-      case "error":
-        state.errors = [...state.errors.slice(1 - MAX_ERRORS), { ...msg, text: errorText(msg) }];
-        hud.say(errorText(msg), { sticky: Boolean(msg.fatal) });
+      case "error": {
+        const refused = this.conn.refusal === msg; // our `open` was turned down: the attempt ended
+        const text = errorText(refused ? { ...msg, fatal: true } : msg);
+        state.errors = [...state.errors.slice(1 - MAX_ERRORS), { ...msg, text }];
+        hud.say(text, { sticky: Boolean(msg.fatal || refused) });
         return;
+      }
       case "cancelled":
         state.cancels++;
         hud.say(`Chunk ${msg.chunk} was cancelled; the world is as it was.`, { level: "info" });
@@ -183,6 +189,7 @@ export class Stream {
   ready(msg, socket) {
     const { state, player } = this;
     const same = msg.session_id === state.sessionId;
+    const fresh = socket === this.readySocket || !same; // a reset or another session: a new picture
     if (socket === this.readySocket) {
       // a second `ready` on one socket answers `reset`: chunks after msg.chunk are the new world
       player.flush(msg.chunk);
@@ -201,7 +208,10 @@ export class Stream {
       }
       this.wasReconnecting = false;
       this.useCodec(msg.codec);
-      if (same && this.lastAck) this.conn.send(client.ack(this.lastAck)); // it may have been lost
+      // ack again what was shown: the last ack may have been lost with the socket, and a chunk
+      // shown while no socket was open was never acked (its re-sent copy is dropped as a duplicate)
+      const shown = Math.max(this.lastAck, state.chunk);
+      if (same && shown && this.conn.send(client.ack(shown))) this.lastAck = shown;
     }
     Object.assign(state, { sessionId: msg.session_id, resumeToken: msg.resume_token, model: msg.model.id });
     if (JSON.stringify(state.modelInfo) !== JSON.stringify(msg.model)) {
@@ -209,8 +219,23 @@ export class Stream {
       player.setModel(msg.model);
       this.input.setActionSpace(msg.model.action_space);
     }
+    if (fresh && msg.frame !== undefined) this.showStill(msg.frame);
     this.onReadyHook?.(msg);
     if (this.input.keys().length) this.sendAction(true); // keys held across a reset or a reconnect
+  }
+
+  /** Draw `ready.frame` once decoded, unless a newer ready or a chunk's frame came first. */
+  showStill(frame) {
+    const gen = ++this.stillGen;
+    const shown = this.player.framesShown;
+    decodeStill(frame).then(
+      (bitmap) => {
+        if (gen !== this.stillGen || this.player.framesShown !== shown) return bitmap.close();
+        this.player.drawStill(bitmap);
+        this.state.stillsShown++;
+      },
+      () => this.player.skipped++, // counted with the frames that could not be decoded
+    );
   }
 
   frames(msg) {
@@ -264,7 +289,8 @@ export class Stream {
     this.state.status = status;
     this.state.statusDetail = detail;
     if (status === "reconnecting") this.wasReconnecting = true;
-    if (status === "failed" && detail) this.hud.say(`Disconnected: ${detail}.`, { sticky: true });
+    // a refused `open` is on the banner already, in the error's own words
+    if (status === "failed" && detail && !this.conn.refusal) this.hud.say(`Disconnected: ${detail}.`, { sticky: true });
     if (status === "closed" || status === "failed") this.player.held = false;
     this.onStatusHook?.(status);
   }

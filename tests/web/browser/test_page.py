@@ -3,11 +3,16 @@ dropped socket and decodes both H.264 (WebCodecs) and JPEG. Mirrors web/static/m
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from tests.web.browser.harness import ClientPage, DropProxy, blank
+from web.sdk import connect
+from web.server import Server
 
 pytestmark = pytest.mark.browser
 
@@ -156,13 +161,44 @@ def test_fork_opens_in_a_new_tab(open_page: OpenPage) -> None:
 
 def test_server_errors_are_shown_in_words(open_page: OpenPage) -> None:
     page = open_page("?autostart=1&codec=jpeg&model=no-such-world")
-    s = page.wait("s.errors.length > 0 && (s.status === 'closed' || s.status === 'failed')")
+    s = page.wait("s.errors.length > 0 && s.status === 'failed'")
     (error,) = s["errors"]
     assert error["code"] == "not_found" and error["fatal"]
     assert "does not exist" in error["text"]
     assert page.page.is_visible("#banner")
     assert "does not exist" in page.page.inner_text("#banner")
+    # the server was reached and said no: the HUD says what it said, not that it was unreachable
+    status = page.hud("status")
+    assert "does not exist" in status and "no-such-world" in status and "reach" not in status, status
     page.screenshot()
+
+
+def test_an_open_refused_with_invalid_field_ends_the_attempt_in_words(open_page: OpenPage) -> None:
+    page = open_page(f"?autostart=1&codec=jpeg&model={'x' * 200}")  # longer than a model id may be
+    s = page.wait("s.status === 'failed'")
+    (error,) = s["errors"]
+    assert error["code"] == "invalid_field" and not error["fatal"] and error["message"].startswith("model:")
+    status = page.hud("status")
+    assert "turned down" in status and "model:" in status and "reach" not in status, status
+    banner = page.page.inner_text("#banner")
+    assert "model:" in banner and "press Start" in banner, banner
+    page.run_for(0.5)
+    assert page.state()["status"] == "failed"  # not retried, not back to "connecting"
+    page.screenshot()
+
+
+def test_an_unknown_codec_in_the_address_is_reported(open_page: OpenPage) -> None:
+    page = open_page("?codec=vp9")
+    page.page.wait_for_selector("#model option", state="attached")
+    assert page.page.is_visible("#banner")
+    banner = page.page.inner_text("#banner")
+    assert '"vp9"' in banner and "h264" in banner, banner
+    s = page.state()
+    assert "vp9" in s["codecProblem"], s
+    assert "vp9" in page.hud("codec")
+    page.page.click("#overlay")  # the session still starts, in the picker's codec
+    s = page.wait(f"{PLAYING} && s.chunksShown >= 1")
+    assert s["codec"] in ("h264", "jpeg") and "vp9" in page.hud("codec")
 
 
 def test_models_picker_lists_the_server_models(open_page: OpenPage) -> None:
@@ -176,7 +212,24 @@ def test_models_picker_lists_the_server_models(open_page: OpenPage) -> None:
     page.page.select_option("#model", "tiny-image")
     page.page.click("#overlay")
     s = page.wait(f"{PLAYING} && s.chunksShown >= 3")
-    assert s["model"] == "tiny-image"  # image-started: chunk 1 is one frame
+    assert s["model"] == "tiny-image"
+
+
+def test_ready_frame_is_drawn_before_any_chunk(open_page: OpenPage, server: Server) -> None:
+    async def lockstep_session() -> tuple[str, np.ndarray]:
+        s = await connect(server.url, model="tiny-image", seed=4, mode="lockstep", codec="raw")
+        frames = await s.step({"keys": ["d"]})
+        await s.disconnect()  # detached, not closed: the page attaches to it
+        return s.ready.resume_token, frames[-1]
+
+    with ThreadPoolExecutor(1) as pool:  # Playwright's sync API holds this thread's event loop
+        token, last = pool.submit(asyncio.run, lockstep_session()).result(60)
+    page = open_page(f"?resume={token}&codec=raw")  # a lockstep world: no chunk comes by itself
+    s = page.wait(f"{PLAYING} && s.stillsShown === 1")
+    assert s["chunksShown"] == 0 and s["framesShown"] == 0, s
+    rgba = np.frombuffer(page.pixels(), np.uint8).reshape(32, 32, 4)
+    assert np.abs(rgba[..., :3].astype(int) - last.astype(int)).max() <= 2  # the latest committed frame
+    page.screenshot()
 
 
 def test_mouse_moves_are_sent_under_pointer_lock(open_page: OpenPage) -> None:

@@ -234,3 +234,28 @@ def test_frames_with_the_wrong_payload_count_are_refused(js: Page) -> None:
         list(data),
     )
     assert "expected 3 payloads" in got
+
+
+def test_ready_frame_parses_in_the_page(js: Page) -> None:
+    model = m.ModelInfo(
+        id="w", fps=15.0, chunk_frames=4, width=3, height=2, action_space=m.ActionSpace(keys=(), mouse=False)
+    )
+    image = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    msgs = [
+        m.Ready(session_id="s", resume_token="r", model=model, codec=m.CodecInfo(name="raw"), frame=image),
+        m.Ready(
+            session_id="s", resume_token="r", model=model, codec=m.CodecInfo(name="jpeg"), frame=b"\xff\xd8"
+        ),
+        m.Ready(session_id="s", resume_token="r", model=model, codec=m.CodecInfo(name="raw")),
+    ]
+    raw, jpeg, none = js.evaluate(
+        "(all) => all.map((b) => norm(proto.parse(Uint8Array.from(b))))",
+        [list(codec.encode(x)) for x in msgs],
+    )
+    assert raw["frame"]["shape"] == [2, 3, 3] and raw["frame"]["data"] == {"bin": image.tobytes().hex()}
+    assert jpeg["frame"] == {"bin": "ffd8"}
+    assert "frame" not in none
+    chunk = codec.pack_array(np.zeros((1, 2, 3, 3), np.uint8))  # a chunk, not one image
+    bad = msgpack.packb({**msgpack.unpackb(codec.encode(msgs[2])), "frame": chunk})
+    got = js.evaluate(CATCH.format(call="proto.parse(Uint8Array.from(arg))", what="message"), list(bad))
+    assert "(H, W, 3) uint8" in got

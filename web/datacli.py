@@ -1,0 +1,147 @@
+"""The data commands of ``worldserve`` (they need the ``gym`` extra and a running server).
+
+    worldserve record  --url HOST:PORT [--model M] [--seed 0] [--steps 50] [--policy random] --out DIR
+    worldserve replay  DIR [--url HOST:PORT]
+    worldserve rollout --url HOST:PORT [--model M] --episodes 64 --steps 100 --policy random|script:FILE
+                       --concurrency 8 --out DIR
+
+``record`` writes one episode (DIR/episode-00000), ``rollout`` many (DIR/episode-NNNNN, world seed
+``--seed + N``; finished ones are skipped, so it resumes). ``replay`` plays an episode directory
+(or every episode under DIR) back through a server and says whether the frames match: exit 0 when
+bit-identical or its worst chunk's PSNR is at least ``--min-psnr`` (``--exact``: only when
+bit-identical), else 1.
+"""
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+__all__ = ["register"]
+
+DEFAULT_URL = "127.0.0.1:8000"
+
+
+def register(commands: Any) -> None:
+    """Add ``record``, ``replay`` and ``rollout`` to the ``worldserve`` subcommand parser."""
+    record = commands.add_parser("record", help="record one episode from a running server")
+    _session_args(record)
+    record.add_argument("--seed", type=int, default=0, help="world seed (default: %(default)s)")
+    record.add_argument("--steps", type=int, default=50, help="chunks to record (default: %(default)s)")
+    record.set_defaults(run=_record)
+
+    replay = commands.add_parser("replay", help="play recorded episodes back and compare the frames")
+    replay.add_argument("dir", type=Path, help="an episode directory, or a directory of episodes")
+    replay.add_argument("--url", default=DEFAULT_URL, help="server (default: %(default)s)")
+    replay.add_argument("--token", default=None, help="server token, if it requires one")
+    replay.add_argument(
+        "--min-psnr",
+        type=float,
+        default=30.0,
+        help="pass mark when not bit-identical, dB (default: %(default)s)",
+    )
+    replay.add_argument("--exact", action="store_true", help="pass only when bit-identical")
+    replay.set_defaults(run=_replay)
+
+    rollout = commands.add_parser("rollout", help="record many episodes at once (batched on the server)")
+    _session_args(rollout)
+    rollout.add_argument(
+        "--seed", type=int, default=0, help="episode N gets world seed SEED + N (default: 0)"
+    )
+    rollout.add_argument("--episodes", type=int, default=64, help="(default: %(default)s)")
+    rollout.add_argument("--steps", type=int, default=100, help="chunks per episode (default: %(default)s)")
+    rollout.add_argument("--concurrency", type=int, default=8, help="sessions at once (default: %(default)s)")
+    rollout.set_defaults(run=_rollout)
+
+
+def _session_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=DEFAULT_URL, help="server (default: %(default)s)")
+    parser.add_argument("--model", default=None, help="world (default: the server's default)")
+    parser.add_argument("--token", default=None, help="server token, if it requires one")
+    parser.add_argument(
+        "--policy", default="random", help="random, or script:FILE defining policy(obs, t, action_space)"
+    )
+    parser.add_argument("--video", default="npz", choices=["npz", "mp4"], help="frames format (default: npz)")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+
+
+def _fail(message: str) -> int:
+    print(f"worldserve: {message}", file=sys.stderr)
+    return 2
+
+
+def _record(args: argparse.Namespace) -> int:
+    from web.sdk.gym_env import WorldEnv
+    from web.sdk.record import RecordEpisode
+    from web.sdk.rollout import load_policy
+
+    try:
+        policy = load_policy(args.policy)
+    except ValueError as exc:
+        return _fail(str(exc))
+    env = RecordEpisode(WorldEnv(args.url, args.model, token=args.token), args.out, video=args.video)
+    try:
+        obs, _ = env.reset(seed=args.seed)
+        env.action_space.seed(args.seed)
+        for t in tqdm(range(args.steps), unit="chunk", desc="record"):
+            obs, *_ = env.step(policy(obs, t, env.action_space))
+    finally:
+        env.close()
+    print(f"worldserve: recorded {args.steps} chunks to {args.out / 'episode-00000'}")
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from web.sdk.record import is_complete
+    from web.sdk.replay import replay
+
+    dirs = (
+        [args.dir]
+        if is_complete(args.dir)
+        else sorted(d for d in args.dir.glob("episode-*") if is_complete(d))
+    )
+    if not dirs:
+        return _fail(f"no recorded episode in {args.dir}")
+    ok = True
+    for d in dirs:
+        report = asyncio.run(replay(args.url, d, token=args.token))
+        print(f"{d}: {report.summary()}")
+        ok &= report.identical or (not args.exact and report.psnr_min >= args.min_psnr)
+    return 0 if ok else 1
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from web.sdk.record import is_complete
+    from web.sdk.rollout import episode_dir, load_policy, rollout
+
+    try:
+        policy = load_policy(args.policy)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.episodes < 0 or args.steps < 1 or args.concurrency < 1:
+        return _fail("rollout needs --episodes >= 0, --steps >= 1, --concurrency >= 1")
+    todo = sum(not is_complete(episode_dir(args.out, i)) for i in range(args.episodes))
+    bar = tqdm(total=todo * args.steps, unit="chunk", desc="rollout")
+    try:
+        result = asyncio.run(
+            rollout(
+                args.url,
+                args.out,
+                episodes=args.episodes,
+                steps=args.steps,
+                policy=policy,
+                concurrency=args.concurrency,
+                model=args.model,
+                seed=args.seed,
+                video=args.video,
+                token=args.token,
+                on_step=lambda _: bar.update(1),
+            )
+        )
+    finally:
+        bar.close()
+    print(result.summary())
+    return 0

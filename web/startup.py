@@ -1,0 +1,76 @@
+"""Checks the CLI runs before any model work, so a bad flag costs one line, not a model load.
+
+Each check raises :class:`StartupError` with a message meant to be printed as one line on
+stderr (the CLI exits with status 2, as argparse does for bad usage).
+"""
+
+import os
+import socket
+from pathlib import Path
+
+import torch
+
+__all__ = ["StartupError", "check_bind", "check_out", "check_port", "resolve_device"]
+
+
+class StartupError(Exception):
+    """A setting the process cannot start with; ``str(exc)`` is the one line to print."""
+
+
+def check_port(port: int) -> None:
+    """``port`` is a TCP port (0 picks a free one)."""
+    if not 0 <= port <= 65535:
+        raise StartupError(f"--port {port}: a port is 0..65535 (0 picks a free one)")
+
+
+def check_bind(host: str, port: int) -> None:
+    """``host``:``port`` can be listened on now: resolvable, a local address, not in use.
+
+    The probe socket sets SO_REUSEADDR as the server's listener does, so a port held only by
+    connections in TIME_WAIT passes, and a port another process listens on does not.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise StartupError(f"--host {host}: cannot resolve it ({exc.strerror})") from exc
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(addr)
+            except OSError as exc:
+                raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def resolve_device(device: str) -> str:
+    """The torch device to load worlds on: ``auto`` is CUDA when present, else the CPU.
+
+    ``cuda`` / ``cuda:N`` must name a GPU this process can use; other names must be ``cpu``.
+    """
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as exc:
+        raise StartupError(f"--device {device}: not a device (auto, cpu, cuda or cuda:N)") from exc
+    if parsed.type == "cpu":
+        return device
+    if parsed.type != "cuda":
+        raise StartupError(f"--device {device}: unsupported (auto, cpu, cuda or cuda:N)")
+    if not torch.cuda.is_available():
+        raise StartupError(f"--device {device}: CUDA is not available here (use --device cpu or auto)")
+    count = torch.cuda.device_count()
+    if parsed.index is not None and parsed.index >= count:
+        raise StartupError(f"--device {device}: this machine has {count} CUDA device(s)")
+    return device
+
+
+def check_out(path: Path) -> None:
+    """``path`` can be written: its directory exists and is writable, and it is not a directory."""
+    folder = path.parent
+    if not folder.is_dir():
+        raise StartupError(f"--out {path}: directory {folder} does not exist")
+    if path.is_dir():
+        raise StartupError(f"--out {path}: is a directory; give a file name, e.g. {path / 'run.mp4'}")
+    if not os.access(folder, os.W_OK):
+        raise StartupError(f"--out {path}: directory {folder} is not writable")
