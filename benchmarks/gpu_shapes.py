@@ -13,7 +13,9 @@ Runs, in priority order until `--budget-s` is spent (each row is written as soon
   bucket) vs CUDA graphs (`mode="reduce-overhead"`), Wan VAE vs the TAEHV decoder;
 * `overlap`: the bare batched loop with each chunk's decode on a second CUDA stream while the
   next chunk denoises, against the same loop serial (what item 6's pipelining would buy);
-* `forward`: the bare chunk forward per batch size (ms), eager and compiled.
+* `forward`: the bare chunk forward per batch size (ms), eager and compiled;
+* `attention`: one layer's pool self-attention, masked 4-D SDPA vs FlexAttention
+  (benchmarks/attention.py), at the full shapes.
 
 Targets (one H200): MG shape >= 50 FPS one session with the Wan VAE; 8 sessions >= 100 FPS in
 total with the fast decoder; SF shape >= 34 FPS. Published (H100): MG 25 FPS, SF 17 FPS.
@@ -31,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import attention
 from models.causal_wan import ActionConfig, CausalWanConfig
 from models.registry import build_world
 from models.sampler import FlowSchedule, add_noise
@@ -238,6 +241,8 @@ def plan(tiny: bool) -> list[tuple]:
         ("engine", "mg", "eager", "taehv", 8),
         ("forward", "mg", "eager", None, 1),
         ("forward", "mg", "eager", None, 8),
+        ("attention", "mg", "eager", None, 8),
+        ("attention", "sf", "eager", None, 1),
         ("engine", "mg", "graphs", "wan", 1),
         ("engine", "mg", "graphs", "taehv", 1),
         ("engine", "mg", "graphs", "taehv", 8),
@@ -290,6 +295,17 @@ def main() -> None:
         row: dict = {"kind": kind, "shape": shape, "mode": mode, "decoder": decoder, "sessions": n}
         if time.perf_counter() - start > args.budget_s:
             results.append(row | {"skipped": "time budget spent"})
+            continue
+        if kind == "attention":  # one layer's self-attention: masked SDPA vs FlexAttention, no world
+            t_run = time.perf_counter()
+            try:
+                row |= attention.measure("tiny-world" if args.tiny else shape, n, device, dtype, reps=5)
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            row["wall_s"] = round(time.perf_counter() - t_run, 1)
+            print(json.dumps(row), flush=True)
+            results.append(row)
+            args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
             continue
         if shape not in worlds:
             worlds.clear()  # one full-size shape on the device at a time
