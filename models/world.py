@@ -203,6 +203,17 @@ class World:
         new = self.transformer.setup_caches(max_sessions, h, w, dtype=self.dtype, device=self.device)
         if pool is not None:
             new.copy_rows_from(pool)
+        if self.buckets is not None:
+            self._mark_pool_static()
+
+    def _mark_pool_static(self) -> None:
+        """Tell dynamo the pool buffers never move: CUDA graphs may then write them in place."""
+        import torch._dynamo as dynamo
+
+        pool = self.transformer.pool
+        if pool is not None:
+            for buf in pool.buffers():
+                dynamo.mark_static_address(buf)
 
     @property
     def max_sessions(self) -> int:
@@ -271,6 +282,7 @@ class World:
             dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, limit)
         else:  # older torch
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, limit)
+        self._mark_pool_static()
         opts = {"fullgraph": True, "dynamic": False, "mode": mode}
         self._denoise_fn = torch.compile(self._eager_denoise, **opts)
         self._context_fn = torch.compile(self._eager_context, **opts)
