@@ -3,8 +3,8 @@
 References (read, not copied): diffusers `WanTransformer3DModel` (blocks, weight layout, RoPE
 tables), Self-Forcing / CausVid (chunk-wise rollout over a KV cache, RoPE with a frame offset,
 local window + sink), Matrix-Game 2.0 (an action module in the first blocks: mouse through an
-MLP and temporal attention, keyboard through cross-attention), gpt-fast (the cache is a module
-with `update()`; the model file has no loop).
+MLP and temporal attention, keyboard through cross-attention), gpt-fast (`setup_caches`: a static
+cache owned by the model; the model file has no loop over sessions).
 
 The module tree and parameter names are diffusers' (`patch_embedding`, `condition_embedder`,
 `blocks.N.attn1.to_q`, ...), built from diffusers' own submodules, so a diffusers checkpoint's

@@ -291,7 +291,7 @@ class World:
 
     @torch.no_grad()
     def init_state(self, cond: Conditioning) -> WorldState:
-        """An empty world for `cond` (allocates this session's KV cache on the device)."""
+        """An empty world for `cond`: takes a row of the K/V pool and stores its text K/V there."""
         text = cond.text
         tcfg = self.transformer.cfg
         if text is None:

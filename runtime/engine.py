@@ -56,7 +56,7 @@ class StreamInfo:
     chunks: int  # committed chunks
     latent_frames: int  # committed latent frames (KV length)
     video_frames: int  # committed video frames
-    kv_bytes: int  # device bytes of its KV cache
+    kv_bytes: int  # device bytes of its K/V pool row
     frame: np.ndarray | None = field(default=None, repr=False)  # (H, W, 3) uint8 start frame, if prefilled
 
 
@@ -142,7 +142,7 @@ class Engine:
     def add_stream(
         self, stream_id: str, model_id: str, cond: Conditioning, debug: DebugHooks | None = None
     ) -> StreamInfo:
-        """Create a world for a new stream (allocates its KV cache on the device)."""
+        """Create a world for a new stream (takes a row of the world.s K/V pool)."""
         world = self._world(model_id)
         if stream_id in self.runner.streams:
             raise ValueError(f"stream {stream_id} exists")
