@@ -142,7 +142,7 @@ class Engine:
     def add_stream(
         self, stream_id: str, model_id: str, cond: Conditioning, debug: DebugHooks | None = None
     ) -> StreamInfo:
-        """Create a world for a new stream (takes a row of the world.s K/V pool)."""
+        """Create a world for a new stream (takes a row of the world's K/V pool)."""
         world = self._world(model_id)
         if stream_id in self.runner.streams:
             raise ValueError(f"stream {stream_id} exists")
