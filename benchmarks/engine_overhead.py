@@ -121,8 +121,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         "overhead_ms_median": round((s - b) * 1000, 3),
         "target_overhead": 0.10,
         "kv_bytes_per_session": {
-            "formula": "layers x (sink+window) frames x tokens/frame x dim x 2 (K,V) x itemsize"
-            " (+ the action layers' temporal K/V)",
+            "formula": "layers x ((sink+window) frames x tokens/frame + text tokens) x dim x 2 (K,V)"
+            " x itemsize (+ the action layers' temporal K/V): one row of the K/V pool",
             "formula_total": world.kv_bytes_per_session(),
             "measured": measured,
             "wan1.3b_self_forcing_bf16": wan_kv_bytes("sf"),
