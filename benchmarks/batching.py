@@ -26,7 +26,6 @@ import asyncio
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.serving import start_server
 from models.registry import from_name
 from models.world import Conditioning, World
 from runtime.engine import Engine
@@ -157,19 +157,6 @@ async def ws_fps(url: str, n: int, chunks: int) -> float:
     return sum(counts) / (time.perf_counter() - t0)
 
 
-def start_server(model: str, threads: int) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "web.cli", "serve", "--model", model, "--port", "0"]
-    cmd += ["--threads", str(threads), "--max-batch", "8", "--max-sessions", "8"]
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "open " not in line:
-        proc.kill()
-        raise RuntimeError(f"server did not start: {line!r}")
-    return proc, line.split("open ")[1].split()[0]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-world")
@@ -185,7 +172,7 @@ def main() -> None:
     world = from_name(args.model)
     server = None
     if "ws" in args.paths:
-        server, url = start_server(args.model, args.threads)
+        server, url = start_server(args.model, args.threads, "--max-batch", "8", "--max-sessions", "8")
     runs: dict[str, dict[int, list[float]]] = {path: {n: [] for n in args.sessions} for path in args.paths}
     try:
         for r in range(args.rounds):

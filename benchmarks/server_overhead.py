@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.serving import start_server
 from models.actions import FrameAction
 from models.registry import from_name
 from sessions.events import FramesEvent, SessionEvent
@@ -151,29 +151,6 @@ async def ws_latency(url: str, codec: m.Codec, steps: int) -> list[float]:
             if i:
                 out.append((time.perf_counter() - start) * 1000)
     return out
-
-
-def start_server(model: str, threads: int) -> tuple[subprocess.Popen[str], str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "web.cli",
-        "serve",
-        "--model",
-        model,
-        "--port",
-        "0",
-        "--threads",
-        str(threads),
-    ]
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "open " not in line:
-        proc.kill()
-        raise RuntimeError(f"server did not start: {line!r}")
-    return proc, line.split("open ")[1].split()[0]
 
 
 # -- encoders -----------------------------------------------------------------------------------

@@ -26,9 +26,7 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -39,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.serving import start_server
 from models.actions import FrameAction
 from models.registry import from_name
 from models.world import Conditioning
@@ -49,30 +48,6 @@ from web.sdk.vector_env import WorldVectorEnv
 
 RESULTS = Path(__file__).parent / "results"
 N = 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model: str, threads: int, device: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "web.cli", "serve", "--port", str(port), "--model", model]
-    cmd += ["--max-batch", str(N), "--threads", str(threads), "--device", device]
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
-    url = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{url}/healthz", timeout=2):
-                return proc, url
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("the server did not start") from None
-            time.sleep(0.3)
 
 
 def engine_ceiling(model: str, steps: int, threads: int) -> dict[str, float]:
@@ -98,6 +73,8 @@ def engine_ceiling(model: str, steps: int, threads: int) -> dict[str, float]:
         for _ in range(steps):
             one_round()
         rates[f"batch_{batch}_chunks_per_s"] = round(N * steps / (time.perf_counter() - start), 2)
+        for i in range(N):  # the world's K/V pool rows go back for the next engine
+            engine.remove_stream(f"s{i}")
     rates["speedup"] = round(rates[f"batch_{N}_chunks_per_s"] / rates["batch_1_chunks_per_s"], 2)
     return rates
 
@@ -150,7 +127,7 @@ def main() -> None:
     ceiling = engine_ceiling(args.model, args.steps, args.threads) if args.device == "cpu" else None
     if ceiling is not None:
         print(f"bare engine: {ceiling}")
-    proc, url = start_server(args.model, args.threads, args.device)
+    proc, url = start_server(args.model, args.threads, "--max-batch", str(N), "--device", args.device)
     try:
         envs = WorldVectorEnv(N, url, args.model)
         singles = [WorldEnv(url, args.model) for _ in range(N)]
