@@ -36,6 +36,10 @@ def sf_worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, World]:
     return worlds
 
 
+def _prompt_error(msg: m.ServerMessage) -> bool:
+    return isinstance(msg, m.Error) and msg.code == "invalid_field" and msg.message.startswith("prompt:")
+
+
 async def _lockstep(server, prompt: str, chunks: int) -> list[np.ndarray]:
     ws = await dial(server)
     await send(ws, m.Open(mode="lockstep", codec="raw", seed=5, prompt=prompt))
@@ -74,12 +78,12 @@ def test_bad_prompts_are_invalid_field_and_the_session_goes_on(sf_worlds: dict[s
             ws = await dial(server)
             await send(ws, m.Open(mode="lockstep", codec="raw", seed=5, prompt="never embedded"))
             err = await recv(ws)
-            assert isinstance(err, m.Error) and err.code == "invalid_field" and err.message.startswith("prompt:"), err
+            assert _prompt_error(err), err
             await ws.close()
             ws = await dial(server)
             await send(ws, m.Generate(prompt="never embedded", chunks=1, codec="raw"))
             err = await recv(ws)
-            assert isinstance(err, m.Error) and err.code == "invalid_field" and err.message.startswith("prompt:"), err
+            assert _prompt_error(err), err
             await ws.close()
             ws = await dial(server)
             await send(ws, m.Open(mode="lockstep", codec="raw", seed=5, prompt=PROMPT))
@@ -99,3 +103,14 @@ def test_bad_prompts_are_invalid_field_and_the_session_goes_on(sf_worlds: dict[s
             assert len(server.runtime.manager) <= 1
 
     run(main())
+
+
+def test_cli_generate_takes_a_prompt_and_refuses_an_unknown_one(tmp_path: Path, capsys) -> None:
+    model = write_self_forcing_dir(tmp_path)
+    save_prompt_embeds(tmp_path / "embeds", PROMPT, torch.randn(3, 32))
+    base = ["generate", "--model", str(model), "--device", "cpu", "--prompt-embeds", str(tmp_path / "embeds")]
+    out = tmp_path / "run.mp4"
+    assert cli.main([*base, "--prompt", "unknown", "--chunks", "1", "--out", str(out)]) == 2
+    assert "--prompt: no precomputed embedding" in capsys.readouterr().err and not out.exists()
+    assert cli.main([*base, "--prompt", PROMPT, "--chunks", "2", "--out", str(out)]) == 0
+    assert out.stat().st_size > 0
