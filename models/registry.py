@@ -24,6 +24,9 @@ The decoder kind picks the autoencoder class: diffusers' `AutoencoderKLWan` behi
 file, e.g. madebyollin/taehv's taew2_1.safetensors (`worldserve --decoder taehv:PATH`).
 A "start_image" entry gives image-started worlds a seed -> frame function, so sessions need not
 send `open.image` ("game": the built-in simulator's first frame for the seed).
+Converted directories (models/convert/output.py) list in "requires" what serving them needs; a
+directory needing anything outside `SUPPORTED_REQUIREMENTS` is refused, and "text_prompts" marks
+the world as taking prompts (`WorldConfig.text_prompts`; resolved by `World.prompts`).
 
 Registered names: `tiny-random` (seeded random weights, for tests) and `tiny-world` (the shipped
 world of models/tiny_world/, the default).
