@@ -12,24 +12,30 @@ gives the max abs difference per stored output.
 The noise draws are swapped at `World.noise_batch` (the one place a served chunk's noise enters),
 and `World.denoise` / `World.context` are wrapped on the instance to record their traffic; all
 three are restored afterwards. One stream runs, so batches have one entry.
+
+A family's inputs come from `INPUTS[family]`: the session's Conditioning and each chunk's
+actions, built from the golden's stored conditioning. Self-Forcing: `prompt_embeds` as the
+session's text, no actions. A Matrix-Game entry (`cond_concat` / `visual_context` as the start
+conditioning, `keyboard` / `mouse` as per-chunk frame actions) can be added once the served model
+takes that conditioning; until then its goldens are `ParityUnsupported`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from models.actions import FrameAction
 from models.world import Conditioning, World
 from runtime.engine import Engine
 from runtime.requests import ChunkCommitted, ChunkRequest
 
-FAMILIES = ("self-forcing",)  # golden families the served path can replay today
 STREAM = "parity"
 # Stored outputs, by name (c = chunk, s = denoising step, ctx = the context pass at t = 0).
 OUTPUT = re.compile(r"^(input|t|flow|x0)\.c\d+\.(s\d+|ctx)$|^block\d+\.c\d+\.(s\d+|ctx)$|^latents$")
@@ -110,13 +116,25 @@ def load_golden(path: str | Path) -> Golden:
     return Golden(tensors, meta)
 
 
+def _self_forcing_inputs(world: World, golden: Golden) -> tuple[Conditioning, list[list[FrameAction]]]:
+    text = golden.tensors.get("prompt_embeds")
+    cond = Conditioning(seed=0, text=None if text is None else text[0].to(world.device, world.dtype))
+    return cond, [[] for _ in range(golden.meta["rollout"]["chunks"])]
+
+
+# family -> (world, golden) -> the session's conditioning and each chunk's frame actions
+INPUTS: dict[str, Callable[[World, Golden], tuple[Conditioning, list[list[FrameAction]]]]] = {
+    "self-forcing": _self_forcing_inputs,
+}
+
+
 def check(world: World, golden: Golden) -> None:
     """Raise ParityUnsupported / ValueError when `world` cannot replay `golden`."""
-    if golden.family not in FAMILIES:
+    if golden.family not in INPUTS:
         raise ParityUnsupported(
             f"{golden.family} goldens are not supported yet: replaying them needs their conditioning "
             "(image latents + mask, CLIP tokens, keyboard/mouse actions) in the served model path; "
-            f"supported: {', '.join(FAMILIES)}"
+            f"supported: {', '.join(INPUTS)}"
         )
     roll = golden.meta["rollout"]
     noise = golden.tensors["noise"]
@@ -219,16 +237,14 @@ class _Recorder:
 def replay(world: World, golden: Golden) -> dict[str, torch.Tensor]:
     """Run the golden rollout through `world` behind a real Engine; the recorded values by name."""
     check(world, golden)
-    roll = golden.meta["rollout"]
-    text = golden.tensors.get("prompt_embeds")
-    cond = Conditioning(seed=0, text=None if text is None else text[0].to(world.device, world.dtype))
+    cond, actions = INPUTS[golden.family](world, golden)
     engine = Engine({world.config.id: world}, max_batch=1, max_streams=1)
     with _Recorder(world, golden) as rec:
         engine.add_stream(STREAM, world.config.id, cond)
         try:
             rec.base = engine.runner.streams[STREAM].state.chunks + 1
-            for _ in range(roll["chunks"]):
-                engine.submit(ChunkRequest(STREAM, engine.new_request_id(), actions=[]))
+            for chunk_actions in actions:
+                engine.submit(ChunkRequest(STREAM, engine.new_request_id(), actions=chunk_actions))
                 outcomes = []
                 while engine.has_work():
                     outcomes += engine.step()
@@ -237,7 +253,7 @@ def replay(world: World, golden: Golden) -> dict[str, torch.Tensor]:
         finally:
             engine.remove_stream(STREAM)
     values = rec.values
-    chunks = [values[f"input.c{c}.ctx"] for c in range(roll["chunks"])]
+    chunks = [values[f"input.c{c}.ctx"] for c in range(len(actions))]
     values["latents"] = torch.cat(chunks, dim=2)
     return values
 
