@@ -99,6 +99,11 @@ def test_bad_prompts_are_invalid_field_and_the_session_goes_on(sf_worlds: dict[s
             await send(ws, m.Step(seq=4, actions=(m.FrameAction(),)))
             again = await recv(ws)
             assert isinstance(again, m.Frames) and not np.array_equal(again.data, first.data)
+            await send(ws, m.Reset(seq=5))  # no prompt: the session keeps OTHER (and its seed)
+            await recv_until(ws, m.Ready)
+            await send(ws, m.Step(seq=6, actions=(m.FrameAction(),)))
+            kept = await recv(ws)
+            assert isinstance(kept, m.Frames) and np.array_equal(kept.data, again.data)
             await ws.close()
             assert len(server.runtime.manager) <= 1
 
