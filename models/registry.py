@@ -24,6 +24,9 @@ The decoder kind picks the autoencoder class: diffusers' `AutoencoderKLWan` behi
 file, e.g. madebyollin/taehv's taew2_1.safetensors (`worldserve --decoder taehv:PATH`).
 A "start_image" entry gives image-started worlds a seed -> frame function, so sessions need not
 send `open.image` ("game": the built-in simulator's first frame for the seed).
+Converted directories (models/convert/output.py) list in "requires" what serving them needs; a
+directory needing anything outside `SUPPORTED_REQUIREMENTS` is refused, and "text_prompts" marks
+the world as taking prompts (`WorldConfig.text_prompts`; resolved by `World.prompts`).
 
 Registered names: `tiny-random` (seeded random weights, for tests) and `tiny-world` (the shipped
 world of models/tiny_world/, the default).
@@ -65,8 +68,9 @@ class UnsupportedModelError(ValueError):
     """A model directory needs something this server cannot run yet (its worldserve.json "requires")."""
 
 
-# worldserve.json "requires" entries this build can serve (models/convert/output.py writes them)
-SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset()
+# worldserve.json "requires" entries this build can serve (models/convert/output.py writes them).
+# "text_prompts": sessions' prompts resolve through `World.prompts` (serve --prompt-embeds DIR).
+SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset({"text_prompts"})
 
 
 def tiny_random_configs() -> tuple[WorldConfig, CausalWanConfig, dict]:
@@ -184,7 +188,7 @@ def with_decoder(world: World, spec: str) -> World:
     if kind != "taehv" or not sep or not path:
         raise ValueError(f"decoder {spec!r}: expected taehv:PATH (a local .safetensors file)")
     dec = load_taehv(path, device=world.device, dtype=world.dtype)
-    return World(
+    out = World(
         world.config,
         world.transformer,
         dec,
@@ -192,6 +196,8 @@ def with_decoder(world: World, spec: str) -> World:
         dtype=world.dtype,
         start_image=world._start_image,
     )
+    out.prompts = world.prompts
+    return out
 
 
 def decoder_module(decoder: StreamingDecoder) -> torch.nn.Module:
@@ -317,8 +323,11 @@ def load_world(
     else:
         vae_cfg = json.loads((root / "vae" / "config.json").read_text())
         vae_cfg = {k: v for k, v in vae_cfg.items() if not k.startswith("_")}
+    wcfg = WorldConfig.from_dict(meta["world"])
+    if "text_prompts" in meta.get("requires", []):  # converted text-to-video worlds
+        wcfg.text_prompts = True
     world = build_world(
-        WorldConfig.from_dict(meta["world"]),
+        wcfg,
         dit,
         vae_cfg,
         seed=None,

@@ -21,6 +21,7 @@ import hashlib
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -74,6 +75,7 @@ class WorldConfig:
     context_noise: float = 0.0  # sigma of the history the context pass writes (0: clean)
     image_start: bool = False  # a new world prefills an encoded start image as committed frame 0
     description: str = ""
+    text_prompts: bool = False  # sessions may bring a prompt (resolved by `World.prompts`)
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -96,6 +98,7 @@ class Conditioning:
     seed: int = 0  # RNG key of the session; also picks the start image of seeded worlds
     image: np.ndarray | None = None  # (H, W, 3) uint8 start frame for image-started worlds
     text: torch.Tensor | None = None  # (L, text_dim) precomputed prompt embedding
+    prompt: str | None = None  # prompt text, resolved to `text` by the world's `prompts` in init_state
 
 
 @dataclass
@@ -110,6 +113,16 @@ class WorldState:
     frames: int = 0  # committed latent frames (the KV length)
     video_frames: int = 0  # committed video frames (frame0 of the next chunk)
     start_latents: torch.Tensor | None = None  # (C, 1, h, w) image latent until the runner prefills it
+
+
+class PromptSource(Protocol):
+    """Prompt text -> (L, text_dim) embeddings (models/prompts.py: precomputed files)."""
+
+    def problem(self, prompt: str) -> str | None:
+        """Why `prompt` cannot be embedded (None: it can)."""
+
+    def embed(self, prompt: str) -> torch.Tensor:
+        """(L, text_dim) float embeddings; raises ValueError."""
 
 
 DEFAULT_MAX_SESSIONS = 16  # pool rows of a world nobody called `setup` on (the engine's default budget)
@@ -139,6 +152,7 @@ class World:
         self.device = torch.device(device)
         self.dtype = dtype
         self._start_image = start_image  # seed -> start frame, for worlds that invent their own
+        self.prompts: PromptSource | None = None  # prompt -> embeddings, for text_prompts worlds
         self.buckets: tuple[int, ...] | None = None  # compiled batch sizes; None: eager, any size
         self._denoise_fn = self._eager_denoise
         self._context_fn = self._eager_context
@@ -289,11 +303,37 @@ class World:
 
     # -- the contract ---------------------------------------------------------------------------
 
+    def prompt_problem(self, prompt: str) -> str | None:
+        """Why this world cannot take `prompt` (None: it can). Cheap: reads no tensor."""
+        if not self.config.text_prompts:
+            return f"model {self.config.id} has no text encoder; omit `prompt`"
+        if self.prompts is None:
+            return (
+                f"model {self.config.id} takes prompts, but this server has no prompt embeddings "
+                "(start it with --prompt-embeds DIR)"
+            )
+        return self.prompts.problem(prompt)
+
+    def _prompt_text(self, prompt: str) -> torch.Tensor:
+        """The prompt's embeddings, zero-padded to the pool's text length: Self-Forcing attends to
+        every one of its 512 text rows, padding included, so the padding must be there."""
+        problem = self.prompt_problem(prompt)
+        if problem is not None or self.prompts is None:
+            raise ConditioningError("prompt", problem or "no prompt source")
+        try:
+            text = self.prompts.embed(prompt)
+        except ValueError as exc:
+            raise ConditioningError("prompt", str(exc)) from exc
+        pad = self.transformer.cfg.text_tokens - text.shape[0]
+        return torch.cat([text, text.new_zeros(pad, text.shape[1])]) if pad > 0 else text
+
     @torch.no_grad()
     def init_state(self, cond: Conditioning) -> WorldState:
         """An empty world for `cond`: takes a row of the K/V pool and stores its text K/V there."""
         text = cond.text
         tcfg = self.transformer.cfg
+        if text is None and cond.prompt:
+            text = self._prompt_text(cond.prompt)
         if text is None:
             text = self.transformer.null_text(self.device, self.dtype)
         elif text.ndim != 2 or text.shape[1] != tcfg.text_dim:

@@ -40,7 +40,7 @@ class OpenParams:
 
     model: str | None = None  # None: the server's default model
     seed: int | None = None  # None: a random seed
-    prompt: str | None = None  # only for models with a text encoder
+    prompt: str | None = None  # only for worlds with text_prompts and a prompt source
     image: np.ndarray | None = None  # (H, W, 3) uint8 start frame
     mode: Mode = "realtime"
     max_ahead: int = 2  # realtime credits: chunks generated past the last ack
@@ -93,11 +93,17 @@ class SessionManager:
 
     # -- open / fork / close --------------------------------------------------------------------
 
+    def _check_prompt(self, model_id: str, prompt: str | None) -> None:
+        """invalid_field for a prompt the world cannot take (no text, unknown prompt); reads no tensor."""
+        if prompt:
+            problem = self.engine.engine.worlds[model_id].prompt_problem(prompt)
+            if problem is not None:
+                raise InvalidInput(problem, field="prompt")
+
     def _conditioning(self, model_id: str, p: OpenParams) -> Conditioning:
-        if p.prompt:
-            raise InvalidInput(f"model {model_id} has no text encoder; omit `prompt`", field="prompt")
+        self._check_prompt(model_id, p.prompt)
         seed = p.seed if p.seed is not None else secrets.randbelow(2**31)
-        return Conditioning(seed=seed, image=p.image)
+        return Conditioning(seed=seed, image=p.image, prompt=p.prompt or None)
 
     def _new(self, model_id: str, mode: Mode, max_ahead: int, cond: Conditioning) -> Session:
         session = Session(
@@ -198,9 +204,14 @@ class SessionManager:
         except EngineDeadError as exc:
             raise SessionFailed(str(exc)) from exc
 
-    async def reset(self, session: Session, seq: int, seed: int | None) -> None:
-        """A fresh world in `session` (a new seed, or the current one)."""
-        cond = Conditioning(seed=session.cond.seed if seed is None else seed, image=session.cond.image)
+    async def reset(self, session: Session, seq: int, seed: int | None, prompt: str | None = None) -> None:
+        """A fresh world in `session` (a new seed / prompt, or the current ones)."""
+        self._check_prompt(session.spec.id, prompt)
+        cond = Conditioning(
+            seed=session.cond.seed if seed is None else seed,
+            image=session.cond.image,
+            prompt=prompt or session.cond.prompt,
+        )
         await session.reset(seq, cond)
 
     # -- one-shot -------------------------------------------------------------------------------

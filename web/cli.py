@@ -5,6 +5,8 @@
                         (both: [--decoder taehv:PATH] decodes with TAEHV weights from a local file)
     worldserve models
     worldserve convert --from self-forcing|matrix-game-2|fastvideo SRC... [--config FILE] --out DIR
+    worldserve parity --model DIR --golden FILE.safetensors   (web.paritycli)
+    (serve, generate: [--prompt-embeds DIR] resolves prompts of text worlds from local files)
     worldserve record | replay | rollout   (web.datacli: episodes from a running server)
 
 ``serve`` loads the worlds (registry names or local model directories; the default is the
@@ -33,10 +35,11 @@ from tqdm import tqdm
 from models import registry
 from models.actions import FrameAction
 from models.game import parse_action_script
+from models.prompts import PromptEmbeddings
 from models.world import World
 from sessions.events import FramesEvent, ReadyEvent, SessionEvent
 from sessions.manager import OpenParams
-from web import convertcli, datacli
+from web import convertcli, datacli, paritycli
 from web.app import DTYPES, Runtime, load_worlds
 from web.server import Server, ServerConfig
 from web.startup import StartupError, check_bind, check_out, check_port, resolve_device
@@ -107,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help='per-frame action script, e.g. "d*16,a*16,w+d*8,,space" (models.game syntax)',
     )
+    generate.add_argument("--prompt", default=None, help="prompt (text worlds; needs --prompt-embeds)")
     generate.add_argument(
         "--out", type=Path, default=Path("worldserve.mp4"), help="MP4 path (default: %(default)s)"
     )
@@ -115,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the registered worlds")
     models.set_defaults(run=_models)
     convertcli.register(commands)  # web/convertcli.py
+    paritycli.register(commands)  # web/paritycli.py
     datacli.register(commands)  # web/datacli.py
     return parser
 
@@ -174,6 +179,13 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
         "--decoder", default=None, help="taehv:PATH: decode with TAEHV (taew2_1) weights from a local file"
     )
     parser.add_argument(
+        "--prompt-embeds",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="precomputed prompt embeddings, one safetensors file per prompt (docs/MODELS.md)",
+    )
+    parser.add_argument(
         "--compile",
         default="off",
         choices=["off", "inductor", "graphs"],
@@ -187,6 +199,10 @@ def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World] | 
         worlds = load_worlds(names, args.device, args.dtype)
         if args.decoder:
             worlds = {k: registry.with_decoder(w, args.decoder) for k, w in worlds.items()}
+        if args.prompt_embeds is not None:
+            prompts = PromptEmbeddings(args.prompt_embeds)
+            for w in worlds.values():
+                w.prompts = prompts  # used by worlds with text_prompts only
         if args.compile != "off":
             top = getattr(args, "max_batch", 1)
             buckets = tuple(2**i for i in range(max(top - 1, 0).bit_length() + 1))  # 1, 2, 4 .. >= top
@@ -300,7 +316,10 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"worldserve: --actions: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    written = asyncio.run(_run_oneshot(worlds, world, args.seed, actions, args.out))
+    if args.prompt and (problem := world.prompt_problem(args.prompt)) is not None:
+        print(f"worldserve: --prompt: {problem}", file=sys.stderr)
+        return 2
+    written = asyncio.run(_run_oneshot(worlds, world, args.seed, actions, args.out, args.prompt))
     spec = world.spec
     print(
         f"worldserve: wrote {written} frames ({written / spec.fps:.1f} s at {spec.fps:g} fps, "
@@ -310,7 +329,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 async def _run_oneshot(
-    worlds: dict[str, World], world: World, seed: int, actions: list[list[FrameAction]], out: Path
+    worlds: dict[str, World],
+    world: World,
+    seed: int,
+    actions: list[list[FrameAction]],
+    out: Path,
+    prompt: str | None = None,
 ) -> int:
     spec = world.spec
     runtime = Runtime.start(worlds)
@@ -328,7 +352,7 @@ async def _run_oneshot(
             bar.update(1)
 
     try:
-        params = OpenParams(model=spec.id, seed=seed)
+        params = OpenParams(model=spec.id, seed=seed, prompt=prompt)
         await runtime.manager.generate(params, actions, len(actions), sink)
         await asyncio.gather(*writes)
     finally:

@@ -432,14 +432,8 @@ class Connection:
 
     async def _reset(self, msg: m.Reset) -> None:
         session = self._live(msg)
-        if msg.prompt:
-            raise ProtocolError(
-                ErrorCode.INVALID_FIELD,
-                f"prompt: model {session.spec.id} has no text encoder; omit `prompt`",
-                seq=msg.seq,
-                field="prompt",
-            )
-        await self.manager.reset(session, msg.seq, msg.seed)  # answered by `ready` (ReadyEvent)
+        # answered by `ready`; a prompt the world cannot take is invalid_field (the session goes on)
+        await self.manager.reset(session, msg.seq, msg.seed, msg.prompt)
 
     async def _fork(self, msg: m.Fork) -> None:
         session = self._live(msg)

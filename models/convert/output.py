@@ -87,7 +87,7 @@ def convert_sources(
     conv = _transformer(kind, parts["transformer"], original)
     bar.update(1)
     if "vae" in parts:
-        conv.vae = wan_vae.convert(parts["vae"])
+        conv.vae = wan_vae.convert(parts["vae"], (original or {}).get("vae"))  # --config "vae": sizes
         bar.update(1)
     else:
         conv.requires.append("vae")
@@ -128,6 +128,8 @@ def _self_forcing(state: dict, variant: str, original: dict) -> Converted:
     mcfg = self_forcing.model_config(original)
     inf = dict(self_forcing.INFERENCE)
     inf |= {"local_attn_size": original["local_attn_size"], "sink_size": original["sink_size"]}
+    # frame size: the published 480x832, or `height`/`width` from --config (tiny test worlds)
+    inf |= {k: int(original[k]) for k in ("height", "width") if k in original}
     world = {
         "id": "self-forcing",
         "fps": float(inf["fps"]),

@@ -118,6 +118,9 @@ def diffusers_config(config: dict | None = None) -> dict:
         "dim_mult": list(c["dim_mult"]),
         "num_res_blocks": c["num_res_blocks"],
         "temperal_downsample": list(c["temperal_downsample"]),
+        # what the streaming decoder reads (diffusers' defaults, 8 and 4, fit Wan 2.1 only)
+        "scale_factor_spatial": 2 ** (len(c["dim_mult"]) - 1),
+        "scale_factor_temporal": 2 ** sum(bool(t) for t in c["temperal_downsample"]),
     }
 
 

@@ -183,11 +183,9 @@ def test_fastvideo_layout_gives_the_same_weights(tmp_path: Path) -> None:
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
-def test_self_forcing_directory_with_vae_loads_once_text_is_supported(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With a VAE the Self-Forcing directory is a complete model directory: only the text path is
-    missing; a build that declares it supported loads the world with the converted weights."""
+def test_self_forcing_directory_loads_with_a_vae_and_is_refused_without(tmp_path: Path) -> None:
+    """With a VAE the Self-Forcing directory loads (text prompts are served now); without one it
+    is refused, naming the VAE."""
     from safetensors.torch import save_file
 
     from models.convert import output, wan_vae
@@ -198,15 +196,16 @@ def test_self_forcing_directory_with_vae_loads_once_text_is_supported(
         {k: v for k, v in g.items() if k not in ("input", "encoded", "latent", "decoded")}, str(vae_src)
     )
     _g, meta = load_golden("self_forcing_rollout")
+    bare = output.convert_sources("self-forcing", [GOLDEN / "self_forcing_tiny.pt"], meta["config"])
+    with pytest.raises(registry.UnsupportedModelError, match="needs vae"):
+        registry.load_world(output.write(bare, tmp_path / "bare", progress=False))
     conv = output.convert_sources("self-forcing", [GOLDEN / "self_forcing_tiny.pt"], meta["config"])
     conv.vae = wan_vae.convert(vae_src, vmeta["config"])
     conv.requires.remove("vae")
     conv.serving["decoder"] = {"kind": "wan"}
     out = output.write(conv, tmp_path / "sf", progress=False)
-    with pytest.raises(registry.UnsupportedModelError, match="needs text_prompts"):
-        registry.load_world(out)
-    monkeypatch.setattr(registry, "SUPPORTED_REQUIREMENTS", frozenset({"text_prompts"}))
     world = registry.load_world(out)
     weights = load_file(str(out / "transformer" / "diffusion_pytorch_model.safetensors"))
     assert torch.equal(world.transformer.state_dict()["proj_out.weight"], weights["proj_out.weight"])
     assert world.config.schedule.steps == (1000, 750, 500, 250) and world.transformer.cfg.sink_frames == 0
+    assert world.config.text_prompts
