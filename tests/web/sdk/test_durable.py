@@ -40,8 +40,11 @@ class HoldingProxy(DropProxy):
         self._flow.clear()
 
     def drop(self) -> int:
-        cut = super().drop()
+        # Stop holding before the cut: the client reconnects as soon as it sees the cut, and its
+        # new connection's bytes (the handshake) must flow. A relay thread blocked on held bytes
+        # cannot read more, so nothing of the old connection slips through meanwhile.
         self.held = ""
+        cut = super().drop()
         self._flow.set()  # held relay threads wake up on dead sockets and exit
         return cut
 
