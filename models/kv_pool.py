@@ -68,6 +68,7 @@ class KVPool(nn.Module):
         action_head_dim: int = 1,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        extras: dict[str, tuple[int, ...]] | None = None,
     ) -> None:
         super().__init__()
         if rows < 1:
@@ -87,6 +88,11 @@ class KVPool(nn.Module):
         text = torch.zeros(layers, r, text_tokens, heads, head_dim, **z)
         self.register_buffer("tk", text, persistent=False)
         self.register_buffer("tv", torch.zeros_like(self.tk), persistent=False)
+        # Per-row tensors a model keeps with the session (Matrix-Game: its image conditioning and a
+        # ring of raw action frames), shaped (1, rows + 1, *shape) so every row operation covers them.
+        self.extras = tuple(extras or {})
+        for name, shape in (extras or {}).items():
+            self.register_buffer(name, torch.zeros(1, r, *shape, **z), persistent=False)
         # Text tokens per row; the padding row attends to one (zero) token so its softmax is finite.
         self.register_buffer("text_len", torch.ones(r, dtype=torch.long, device=device), persistent=False)
 
@@ -100,11 +106,14 @@ class KVPool(nn.Module):
         """Text tokens a row holds at most."""
         return self.tk.shape[2]
 
+    def _names_of_rows(self) -> tuple[str, ...]:
+        return ("k", "v", "ak", "av", "tk", "tv", *self.extras)
+
     def _buffers_of_rows(self) -> list[torch.Tensor]:
-        return [self.k, self.v, self.ak, self.av, self.tk, self.tv]
+        return [getattr(self, name) for name in self._names_of_rows()]
 
     def row_nbytes(self) -> int:
-        """Device bytes one session row holds (every layer's K/V, action K/V and text K/V)."""
+        """Device bytes one session row holds (every layer's K/V, action K/V, text K/V, extras)."""
         return sum(b[:, 0].numel() * b.element_size() for b in self._buffers_of_rows())
 
     def nbytes(self) -> int:
@@ -142,8 +151,9 @@ class KVPool(nn.Module):
 
     def row_view(self, row: int) -> dict[str, torch.Tensor]:
         """Row `row` of every K/V buffer (views: for tests, export and residency checks)."""
-        names = ("k", "v", "ak", "av", "tk", "tv")
-        return {name: b[:, row] for name, b in zip(names, self._buffers_of_rows(), strict=True)}
+        return {
+            name: b[:, row] for name, b in zip(self._names_of_rows(), self._buffers_of_rows(), strict=True)
+        }
 
 
 class PoolAttention:

@@ -171,8 +171,9 @@ def test_denoise_never_writes_committed_slots(make_model):
 def test_config_round_trips_and_rejects_unsupported():
     cfg = tiny_config(action=tiny_actions())
     assert CausalWanConfig.from_dict(cfg.to_dict()) == cfg
+    assert CausalWanConfig.from_dict({**cfg.diffusers_config(), "image_dim": 1280}).image_dim == 1280
     with pytest.raises(ValueError, match="I2V"):
-        CausalWanConfig.from_dict({**cfg.diffusers_config(), "image_dim": 1280})
+        CausalWanConfig.from_dict({**cfg.diffusers_config(), "image_dim": 1280, "added_kv_proj_dim": 64})
     with pytest.raises(ValueError, match="patch_size"):
         CausalWan(tiny_config(patch_size=(2, 2, 2)))
 
