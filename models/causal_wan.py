@@ -88,6 +88,13 @@ class ActionConfig:
         return int(self.mouse or self.vector_dim > 0)
 
     @property
+    def kv_width(self) -> int:
+        """Width (heads x head_dim) of one action K or V token."""
+        if self.kind == "matrix-game":
+            return self.mg.heads_num * 64
+        return self.heads * (self.motion_dim // self.heads)
+
+    @property
     def space(self) -> ActionSpace:
         """The client-facing action space."""
         return ActionSpace(keys=tuple(self.keys), mouse=self.mouse, vector_dim=self.vector_dim)
@@ -145,7 +152,7 @@ class CausalWanConfig:
         a = self.action
         if a is not None and a.kv_sets:
             layers = min(a.blocks, self.num_layers)
-            total += a.kv_sets * layers * slots * a.heads * (a.motion_dim // a.heads) * 2 * itemsize
+            total += a.kv_sets * layers * slots * a.kv_width * 2 * itemsize
         ph, pw = self.patch_size[1:]
         for shape in self.row_extras(tokens_per_frame * ph * pw).values():
             total += math.prod(shape) * itemsize
