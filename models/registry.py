@@ -66,7 +66,7 @@ class UnsupportedModelError(ValueError):
 
 
 # worldserve.json "requires" entries this build can serve (models/convert/output.py writes them)
-SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset()
+SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset({"mg_action_module", "image_conditioning"})
 
 
 def tiny_random_configs() -> tuple[WorldConfig, CausalWanConfig, dict]:
@@ -304,6 +304,10 @@ def load_world(
             f"{root}: this {meta.get('family', 'model')} directory needs {', '.join(missing)}, "
             "which this server cannot run yet (see docs/MODELS.md)"
         )
+    if meta.get("family") == "matrix-game-2":
+        from models.mg_world import load_matrix_game  # imports this module's load_state
+
+        return load_matrix_game(root, meta, device, dtype)
     tcfg = meta.get("transformer")
     if tcfg is None:
         tcfg = json.loads((root / "transformer" / "config.json").read_text()) | meta.get("rollout", {})
