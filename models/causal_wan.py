@@ -636,19 +636,21 @@ class CausalWan(nn.Module):
         """One chunk per batch entry: x (B, C, n, H, W) at timesteps t (B,) -> prediction (B, C, n, H, W).
 
         Writes the chunk's K/V into each entry's pool row at `index.write` and attends over the
-        row's slots [0, n_valid). `actions` (B, n, frames_per_latent, width) or None. With
+        row's slots [0, n_valid). `actions` (B, n, frames_per_latent, width) or None. An I2V
+        model takes x with its out_channels noise channels and appends each row's conditioning
+        frames (`set_image_cond`); x with all in_channels is used as given. With
         `need_output=False` (the clean context pass) the output head is skipped. Shapes depend
         only on B, and nothing here reads a device value on the host.
         """
         n = x.shape[2]
         frame_pos = index.frame_offset[:, None] + torch.arange(n, device=x.device)  # (B, n)
         pool = self._pool()
-        if self.cfg.in_channels > self.cfg.out_channels:  # I2V: each row's conditioning frames
+        if x.shape[1] < self.cfg.in_channels:  # I2V: each row's conditioning frames (from its pool row)
             fidx = frame_pos.clamp(max=pool.cond.shape[3] - 1)
             cond = pool.cond[0].index_select(0, index.rows)  # (B, C, cond_frames, h*w)
             cond = torch.gather(cond, 2, fidx[:, None, :, None].expand(-1, cond.shape[1], -1, cond.shape[3]))
             x = torch.cat([x, cond.unflatten(3, x.shape[3:]).to(x.dtype)], dim=1)
-        if actions is not None and self.cfg.action.kind == "matrix-game":
+        if actions is not None and self._mg:
             actions = self._mg_windows_chunk(actions, index, frame_pos)
         tokens, grid = self._embed(x)
         rope, motion_rope = self._ropes(frame_pos, grid)
@@ -660,6 +662,11 @@ class CausalWan(nn.Module):
         if not need_output:
             return None
         return self._head(tokens, temb[:, None], grid)
+
+    @property
+    def _mg(self) -> bool:
+        """Whether the action module is Matrix-Game's (its actions arrive raw and are windowed here)."""
+        return self.cfg.action is not None and self.cfg.action.kind == "matrix-game"
 
     def _mg_columns(self, actions: torch.Tensor) -> torch.Tensor:
         """Protocol action columns [keys | dx, dy | ...] -> the original's [keys | pitch, yaw]."""
@@ -705,7 +712,7 @@ class CausalWan(nn.Module):
             positions = torch.arange(grid[0], device=x.device)
         frame_pos = positions.to(x.device)[None].expand(b, -1)
         rope, motion_rope = self._ropes(frame_pos, grid)
-        if actions is not None and self.cfg.action.kind == "matrix-game":  # the clip is the whole ring
+        if actions is not None and self._mg:  # the clip is the whole ring
             actions = ring_windows(self._mg_columns(actions).flatten(1, 2), frame_pos, self.cfg.action.mg)
         temb, tproj = self._time(t, x.dtype)  # (B, F, dim), (B, F, 6, dim)
         temb = temb.repeat_interleave(tpf, dim=1)
