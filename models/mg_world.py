@@ -10,8 +10,10 @@ with the Matrix-Game action module (`matrix_game.serving_config`), the Wan VAE a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from diffusers import AutoencoderKLWan
 
@@ -64,8 +66,10 @@ def build_world(
     clip: CLIPVision,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    start_image: Callable[[int], np.ndarray] | None = None,
 ) -> World:
-    """A Matrix-Game world from loaded modules (moved to `device` / `dtype` here)."""
+    """A Matrix-Game world from loaded modules (moved to `device` / `dtype` here); sessions that
+    send no `open.image` start from `start_image(seed)` (none: they must send one)."""
     vae = vae.to(device=device, dtype=dtype)
     decoder = WanStreamingVAE(vae)
     conditioner = ImageConditioner(decoder, clip.to(device=device, dtype=dtype), transformer.cfg.cond_frames)
@@ -76,6 +80,7 @@ def build_world(
         device=device,
         dtype=dtype,
         conditioner=conditioner,
+        start_image=start_image,
     )
 
 
@@ -83,7 +88,7 @@ def load_matrix_game(
     root: Path, meta: dict, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> World:
     """Load a converted Matrix-Game 2.0 directory (every weight strictly, see `load_state`)."""
-    from models.registry import load_state  # the registry imports this module lazily
+    from models.registry import load_state, start_image_fn  # the registry imports this module lazily
 
     transformer = CausalWan(transformer_config(meta))
     load_state(transformer, root / "transformer" / WEIGHTS)
@@ -96,4 +101,5 @@ def load_matrix_game(
         raise ValueError(
             f"{root}: CLIP width {clip.cfg.dim}, the transformer takes {transformer.cfg.image_dim}"
         )
-    return build_world(meta, transformer, vae, clip, device, dtype)
+    start = start_image_fn(meta.get("start_image"), root)
+    return build_world(meta, transformer, vae, clip, device, dtype, start)

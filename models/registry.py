@@ -23,7 +23,8 @@ The decoder kind picks the autoencoder class: diffusers' `AutoencoderKLWan` behi
 `with_decoder(world, "taehv:PATH")` swaps a loaded world's decoder for TAEHV weights in a local
 file, e.g. madebyollin/taehv's taew2_1.safetensors (`worldserve --decoder taehv:PATH`).
 A "start_image" entry gives image-started worlds a seed -> frame function, so sessions need not
-send `open.image` ("game": the built-in simulator's first frame for the seed).
+send `open.image` ("game": the built-in simulator's first frame for the seed; "file": one image
+file, `{"kind": "file", "path": "start.png"}` relative to DIR, the same frame for every seed).
 
 Registered names: `tiny-random` (seeded random weights, for tests) and `tiny-world` (the shipped
 world of models/tiny_world/, the default).
@@ -54,7 +55,7 @@ WEIGHTS = "diffusion_pytorch_model.safetensors"
 IGNORED_KEYS = ("norm_added_q",)
 DECODER_KINDS = ("wan", "fast", "taehv")  # worldserve.json "decoder.kind" values
 TAEHV_DEFAULT = "taew2_1"  # the TAEHV config of a taehv entry without one, and of `--decoder taehv:PATH`
-START_IMAGE_KINDS = ("game",)  # worldserve.json "start_image.kind" values
+START_IMAGE_KINDS = ("game", "file")  # worldserve.json "start_image.kind" values
 
 
 class UnknownModelError(KeyError):
@@ -116,13 +117,20 @@ def tiny_random_configs() -> tuple[WorldConfig, CausalWanConfig, dict]:
     return world, dit, vae
 
 
-def start_image_fn(spec: dict | None) -> Callable[[int], np.ndarray] | None:
-    """The seed -> start frame function a worldserve.json "start_image" entry names (None: none)."""
+def start_image_fn(spec: dict | None, root: Path | None = None) -> Callable[[int], np.ndarray] | None:
+    """The seed -> start frame function a worldserve.json "start_image" entry names (None: none);
+    a "file" path is relative to the model directory `root`."""
     if spec is None:
         return None
     kind = spec.get("kind")
     if kind not in START_IMAGE_KINDS:
         raise ValueError(f"unknown start_image kind {kind!r}; known: {list(START_IMAGE_KINDS)}")
+    if kind == "file":
+        from PIL import Image
+
+        with Image.open((root or Path(".")) / spec["path"]) as img:  # read once, at load
+            frame = np.asarray(img.convert("RGB"), dtype=np.uint8)
+        return lambda seed: frame
     size = int(spec.get("size", 64))
     return lambda seed: game_start_image(seed, size)
 
@@ -327,7 +335,7 @@ def load_world(
         vae_cfg,
         seed=None,
         decoder=kind,
-        start_image=start_image_fn(meta.get("start_image")),
+        start_image=start_image_fn(meta.get("start_image"), root),
     )
     load_state(world.transformer, root / "transformer" / WEIGHTS)
     load_state(decoder_module(world.decoder), weights)

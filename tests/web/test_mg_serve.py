@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import urllib.request
 from pathlib import Path
 
@@ -145,3 +146,30 @@ def test_bad_inputs_get_clear_errors_and_leave_the_session_alone(mg_dir: Path) -
             assert isinstance(frames, m.Frames) and frames.chunk == 1
 
     run(go())
+
+
+def test_a_start_image_file_lets_sessions_open_without_an_image(mg_dir: Path, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from models.actions import FrameAction
+    from models.world import Conditioning
+    from runtime.engine import Engine
+    from runtime.requests import ChunkCommitted, ChunkRequest
+
+    root = tmp_path / "with-start"
+    shutil.copytree(mg_dir, root)
+    picture = _image(40, 60, seed=5)
+    Image.fromarray(picture).save(root / "start.png")
+    ws = json.loads((root / "worldserve.json").read_text())
+    ws["start_image"] = {"kind": "file", "path": "start.png"}
+    (root / "worldserve.json").write_text(json.dumps(ws))
+    engine = Engine({"mg": registry.load_world(root)}, max_streams=2)
+    firsts = []
+    for sid, image in (("default", None), ("explicit", picture)):
+        engine.add_stream(sid, "mg", Conditioning(seed=2, image=image))
+        engine.submit(ChunkRequest(sid, engine.new_request_id(), actions=[FrameAction(keys=frozenset("d"))]))
+        outs = []
+        while not outs:
+            outs = [o for o in engine.step() if isinstance(o, ChunkCommitted)]
+        firsts.append(outs[0].frames)
+    assert np.array_equal(firsts[0], firsts[1])
