@@ -195,3 +195,97 @@ def test_kv_bytes_formula_matches_the_allocated_pool_row(cfg: CausalWanConfig, d
     assert cfg.kv_bytes(cfg.tokens_per_frame(h, w), itemsize) == pool.row_nbytes() > 0
     assert pool.nbytes() == 4 * pool.row_nbytes()  # 3 session rows + the padding row
     assert not any(k.startswith("pool") for k in model.state_dict())  # weights only
+
+
+def tiny_mg_config(**overrides) -> CausalWanConfig:
+    """An I2V Wan (4 noise + 4 conditioning channels, 16-wide image tokens) with Matrix-Game's
+    action module in block 0: 3 keys + mouse, 2 heads of 64, 4 raw frames per latent frame."""
+    from models.causal_wan import ActionConfig
+    from models.mg_action import MGActionConfig
+
+    mg = MGActionConfig(
+        keyboard_dim_in=3,
+        hidden_size=8,
+        img_hidden_size=64,
+        keyboard_hidden_dim=128,
+        mouse_hidden_dim=128,
+        heads_num=2,
+        local_attn_size=5,
+        blocks=(0,),
+    )
+    action = ActionConfig(
+        kind="matrix-game", matrix_game=mg.to_dict(), keys=("w", "a", "d"), frames_per_latent=4, blocks=1
+    )
+    base = dict(
+        attention_head_dim=32,
+        in_channels=8,
+        out_channels=4,
+        image_dim=16,
+        null_text_len=3,
+        window_frames=5,
+        cond_frames=8,
+        action=action,
+    )
+    return tiny_config(**(base | overrides))
+
+
+@torch.no_grad()
+def test_matrix_game_cache_matches_dense_forward(make_model):
+    """The pooled Matrix-Game path (conditioning from the row, action windows from the row's ring,
+    mouse and keyboard K/V in the pool, eviction) equals the dense forward over the whole clip."""
+    model = make_model(tiny_mg_config())
+    sizes = [2, 2, 2, 2]
+    tokens = torch.randn(3, 16)
+    cond = torch.randn(4, sum(sizes), H, W)
+    chunks = [torch.randn(1, 4, n, H, W) for n in sizes]
+    actions = torch.randn(1, sum(sizes), 4, 3 + 2)
+    actions[..., :3] = (actions[..., :3] > 0).float()
+
+    def cached(acts):
+        model.setup_caches(1, H, W)
+        model.set_text(0, tokens)
+        model.set_image_cond(0, cond)
+        return rollout_no_setup(model, chunks, acts)
+
+    got = cached(actions)
+    ts = torch.zeros(1, sum(sizes))
+    ts[:, -2:] = 400.0
+    mask = frame_attention_mask(sizes, 5, 0)
+    x = torch.cat([torch.cat(chunks, 2), cond[None]], dim=1)
+    dense = model.forward_dense(x, ts, [model.text_kv(tokens)], mask, actions)
+    assert (got - dense[:, :, -2:]).abs().max().item() <= TOL
+    # the chunk's own actions matter, and so do earlier chunks' (their windows and cached action K/V)
+    for frame, col in ((7, 0), (4, 3), (3, 1)):
+        other = actions.clone()
+        other[:, frame, :, col] += 1.0
+        assert (cached(other) - got).abs().max().item() > 1e-4, (frame, col)
+    # the last raw frame of the last latent frame is outside every window (as in the original)
+    other = actions.clone()
+    other[:, -1, -1] += 1.0
+    assert (cached(other) - got).abs().max().item() == 0.0
+
+
+def rollout_no_setup(model: CausalWan, chunks: list[torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
+    """Context passes over all chunks but the last, then the last at t=400 (pool already set up)."""
+    cfg = model.cfg
+    layout = KVLayout(cfg.sink_frames, cfg.window_frames, model.tokens_per_frame(H, W))
+    done = 0
+    for x in chunks[:-1]:
+        n = x.shape[2]
+        model.forward_chunk(
+            x, torch.zeros(1), index(model, layout, done, n), actions[:, done : done + n], False
+        )
+        done += n
+    n = chunks[-1].shape[2]
+    return model.forward_chunk(
+        chunks[-1], torch.tensor([400.0]), index(model, layout, done, n), actions[:, done : done + n]
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_bytes_formula_matches_the_matrix_game_pool_row(dtype: torch.dtype):
+    cfg = tiny_mg_config()
+    pool = CausalWan(cfg).setup_caches(2, 6, 8, dtype=dtype)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    assert cfg.kv_bytes(cfg.tokens_per_frame(6, 8), itemsize) == pool.row_nbytes()
+    assert pool.ak.shape[0] == 2  # mouse and keyboard K/V of the one action block
