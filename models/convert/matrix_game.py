@@ -219,7 +219,7 @@ def convert(path: Path, original: dict | None = None) -> tuple[dict[str, torch.T
 
 
 MOUSE_SCALE = MOUSE["scale"]
-COND_FRAMES = 16  # latent frames of start-image conditioning a session keeps (later ones reuse the last)
+COND_FRAMES = 30  # conditioning frames kept: the Wan encoder's receptive field (benchmarks/mg_cond_frames.py)
 
 
 def serving_config(original: dict, inference: dict, cond_frames: int = COND_FRAMES) -> CausalWanConfig:
