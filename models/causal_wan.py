@@ -26,6 +26,7 @@ Token layout: frame-major, ``token = frame * (h * w) + row * w + col`` after 1x2
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -71,9 +72,15 @@ class ActionConfig:
     mouse_scale: float = 1.0  # multiplies raw mouse deltas before the MLP
     rope_theta: float = 10000.0  # RoPE base of the temporal (frame-axis) attention
 
-    @property
+    def __post_init__(self) -> None:
+        if self.kind not in ACTION_KINDS:
+            raise ValueError(f"unknown action kind {self.kind!r}; known: {list(ACTION_KINDS)}")
+        if self.kind == "matrix-game" and self.matrix_game is None:
+            raise ValueError("a matrix-game action config needs its `matrix_game` (MGActionConfig) dict")
+
+    @functools.cached_property
     def mg(self) -> MGActionConfig:
-        """The Matrix-Game module config (kind "matrix-game" only)."""
+        """The Matrix-Game module config (kind "matrix-game" only); built once."""
         if self.kind != "matrix-game" or self.matrix_game is None:
             raise ValueError("not a matrix-game action config")
         return MGActionConfig.from_dict(self.matrix_game)
@@ -704,7 +711,8 @@ class CausalWan(nn.Module):
         `positions` (F,) int64 gives each frame's RoPE frame index (default 0..F-1). Repeated
         indices let one sequence hold two copies of a frame, e.g. a clean context copy and a
         noisy copy for teacher-forced training (CausVid); the mask decides who sees whom.
-        Every clip's text must have the same length.
+        Every clip's text must have the same length. An I2V model takes x with all its
+        in_channels (noise + conditioning) here.
         """
         tokens, grid = self._embed(x)
         b, tpf = x.shape[0], grid[1] * grid[2]

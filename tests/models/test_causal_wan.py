@@ -15,7 +15,7 @@ from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 from models.causal_wan import CausalWan, CausalWanConfig, frame_attention_mask
 from runtime.kv_cache import KVLayout
-from tests.models.conftest import tiny_actions, tiny_config
+from tests.models.conftest import tiny_actions, tiny_config, tiny_mg_config
 
 H = W = 8  # latent size -> 4x4 = 16 tokens per frame after 1x2x2 patches
 TOL = 1e-5
@@ -195,38 +195,6 @@ def test_kv_bytes_formula_matches_the_allocated_pool_row(cfg: CausalWanConfig, d
     assert cfg.kv_bytes(cfg.tokens_per_frame(h, w), itemsize) == pool.row_nbytes() > 0
     assert pool.nbytes() == 4 * pool.row_nbytes()  # 3 session rows + the padding row
     assert not any(k.startswith("pool") for k in model.state_dict())  # weights only
-
-
-def tiny_mg_config(**overrides) -> CausalWanConfig:
-    """An I2V Wan (4 noise + 4 conditioning channels, 16-wide image tokens) with Matrix-Game's
-    action module in block 0: 3 keys + mouse, 2 heads of 64, 4 raw frames per latent frame."""
-    from models.causal_wan import ActionConfig
-    from models.mg_action import MGActionConfig
-
-    mg = MGActionConfig(
-        keyboard_dim_in=3,
-        hidden_size=8,
-        img_hidden_size=64,
-        keyboard_hidden_dim=128,
-        mouse_hidden_dim=128,
-        heads_num=2,
-        local_attn_size=5,
-        blocks=(0,),
-    )
-    action = ActionConfig(
-        kind="matrix-game", matrix_game=mg.to_dict(), keys=("w", "a", "d"), frames_per_latent=4, blocks=1
-    )
-    base = dict(
-        attention_head_dim=32,
-        in_channels=8,
-        out_channels=4,
-        image_dim=16,
-        null_text_len=3,
-        window_frames=5,
-        cond_frames=8,
-        action=action,
-    )
-    return tiny_config(**(base | overrides))
 
 
 @torch.no_grad()
