@@ -85,11 +85,13 @@ async def _play(server, image: np.ndarray, actions: list[m.FrameAction]) -> list
     await send(ws, m.Open(model="mg", seed=3, image=image, mode="lockstep", codec="raw"))
     ready = await recv(ws)
     assert isinstance(ready, m.Ready), ready
+    assert ready.frame is None  # the image conditions the world; it is not frame 0
     out = []
     for seq, act in enumerate(actions, 1):
         await send(ws, m.Step(seq=seq, actions=[act]))
         msg = await recv(ws, timeout=120)
         assert isinstance(msg, m.Frames), msg
+        assert msg.frame0 == sum(len(f) for f in out)  # chunk 1 starts at frame 0
         out.append(msg.data)
         await send(ws, m.Ack(chunk=msg.chunk))
     await ws.close()
