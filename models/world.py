@@ -73,7 +73,9 @@ class WorldConfig:
     height: int  # video frame height, pixels
     schedule: FlowSchedule = field(default_factory=FlowSchedule)  # noise levels per chunk
     context_noise: float = 0.0  # sigma of the history the context pass writes (0: clean)
-    image_start: bool = False  # a new world prefills an encoded start image as committed frame 0
+    image_start: bool = (
+        False  # starts from an image: prefilled as committed frame 0 (an I2V world: its conditioning)
+    )
     description: str = ""
 
     def to_dict(self) -> dict:
@@ -190,6 +192,12 @@ class World:
             image_start=c.image_start,
             description=c.description,
         )
+
+    @property
+    def start_frames(self) -> int:
+        """Latent frames committed before chunk 1: 1 when the start image is prefilled as frame 0,
+        0 otherwise (an I2V world's image conditions its chunks instead)."""
+        return int(self.config.image_start and not self.transformer.cfg.image_dim)
 
     def kv_bytes_per_session(self) -> int:
         """Device bytes of one session's pool row (see `CausalWanConfig.kv_bytes`)."""

@@ -175,3 +175,6 @@ def test_a_start_image_file_lets_sessions_open_without_an_image(mg_dir: Path, tm
             outs = [o for o in engine.step() if isinstance(o, ChunkCommitted)]
         firsts.append(outs[0].frames)
     assert np.array_equal(firsts[0], firsts[1])
+    out = tmp_path / "mg.mp4"  # the one-shot CLI: chunk 1 takes the script's first 9 frames
+    assert main(["generate", "--model", str(root), "--actions", "w*9,d*12", "--out", str(out)]) == 0
+    assert out.stat().st_size > 0
