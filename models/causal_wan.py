@@ -87,11 +87,10 @@ class ActionConfig:
 
     @property
     def kv_sets(self) -> int:
-        """Temporal K/V sets per action layer in the pool: mouse/vector (worldserve); mouse and
-        keyboard (matrix-game, whose keyboard K/V is kept per spatial position like the mouse's)."""
+        """Per-token temporal K/V sets per action layer in the pool (`ak`, `av`): the mouse /
+        vector's (Matrix-Game's keyboard K/V is one token per frame, a row extra)."""
         if self.kind == "matrix-game":
-            mg = self.mg
-            return int(mg.enable_mouse) + int(mg.enable_keyboard)
+            return int(self.mg.enable_mouse)
         return int(self.mouse or self.vector_dim > 0)
 
     @property
@@ -167,7 +166,8 @@ class CausalWanConfig:
 
     def row_extras(self, latent_pixels: int) -> dict[str, tuple[int, ...]]:
         """Per-row pool tensors besides K/V (`KVPool` extras) for latents of `latent_pixels` = h*w:
-        the I2V conditioning (channels, cond_frames, h*w) and the Matrix-Game raw action ring."""
+        the I2V conditioning (channels, cond_frames, h*w), the Matrix-Game raw action ring and its
+        keyboard K/V (action layers, frame slots, heads, 64)."""
         out: dict[str, tuple[int, ...]] = {}
         if self.in_channels > self.out_channels:
             out["cond"] = (self.in_channels - self.out_channels, max(self.cond_frames, 1), latent_pixels)
@@ -176,6 +176,10 @@ class CausalWanConfig:
             mg = a.mg
             ring = mg.vae_time_compression_ratio * (self.chunk_frames + mg.windows_size)
             out["act_ring"] = (ring, mg.keyboard_dim_in + mg.mouse_dim_in)
+            if mg.enable_keyboard:
+                frames = self.sink_frames + self.window_frames
+                kv = (min(a.blocks, self.num_layers), frames, mg.heads_num, 64)
+                out["kb_k"], out["kb_v"] = kv, kv
         return out
 
     def diffusers_config(self) -> dict:
@@ -461,9 +465,10 @@ class CausalWanBlock(nn.Module):
         if self.action is not None and actions is not None:
             x = self.action(x, actions, layer, attn)
         elif self.action_model is not None and actions is not None:
-            # actions: (B, n, pad, width) windows; mouse K/V at `layer`, keyboard K/V after all mouse layers
-            offset = self.n_action_layers if self.action_model.cfg.enable_mouse else 0
-            x = forward_pooled(self.action_model, x, actions, attn.motion_rope, attn, layer, offset + layer)
+            # actions: (B, n, pad, width) windows; keyboard K/V: this layer's per-frame pool buffers
+            pool = getattr(attn, "pool", None)
+            kb = (pool.kb_k[0][:, layer], pool.kb_v[0][:, layer]) if pool is not None else (None, None)
+            x = forward_pooled(self.action_model, x, actions, attn.motion_rope, attn, layer, kb)
 
         # 4. feed-forward
         h = (self.norm3(x.float()) * (1 + c_scale) + c_shift).type_as(x)
@@ -625,11 +630,11 @@ class CausalWan(nn.Module):
         """Once per forward: the 3D RoPE tables and the action module's frame RoPE."""
         _, hh, ww = grid
         rope = rope_3d(self.cfg.attention_head_dim, frame_pos, hh, ww)
+        if self._mg:  # mouse and keyboard share the action RoPE
+            return rope, rope_tables(self.cfg.action.mg, frame_pos, hh * ww)
         motion = self._motion_heads
         if motion is None:
             return rope, None
-        if self.cfg.action.kind == "matrix-game":
-            return rope, rope_tables(self.cfg.action.mg, frame_pos, hh * ww)
         return rope, frame_rope(motion[1], frame_pos, hh * ww, self.cfg.action.rope_theta)
 
     def forward_chunk(

@@ -182,8 +182,10 @@ class PoolAttention:
         t = tokens_per_frame
         fslot = torch.arange(pool.capacity // t, device=dev)
         fmask = (fslot[None] < (index.n_valid // t)[:, None])[:, None, None, :]  # (B, 1, 1, frames)
+        self.frame_mask = fmask  # (B, 1, 1, frames)
         self.motion_mask = fmask.repeat_interleave(t, dim=0)  # (B*T, 1, 1, frames)
         self._put = (rows[:, None], index.write)
+        self._put_frames = (rows[:, None], index.write[:, ::t] // t)  # (B, n) frame slots of the chunk
 
     def _write_read(
         self, kb: torch.Tensor, vb: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -214,6 +216,18 @@ class PoolAttention:
         kk, vv = _frames_major(kk, t).to(q.dtype), _frames_major(vv, t).to(q.dtype)
         o = sdpa(_frames_major(q, t), kk, vv, self.motion_mask)
         return o.unflatten(0, (b, t)).transpose(1, 2).reshape(b, n * t, heads * hd)
+
+    def frame_attn(
+        self, kb: torch.Tensor, vb: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """Every token of an entry attends to one K/V token per attended frame of its row: q
+        (B, n*T, heads, hd); k, v (B, n, heads, hd) of the chunk's frames, written into the
+        per-frame buffers kb, vb (rows + 1, frames, heads, hd). Returns (B, n*T, heads * hd)."""
+        kb.index_put_(self._put_frames, k.to(kb.dtype))
+        vb.index_put_(self._put_frames, v.to(vb.dtype))
+        rows = self.index.rows
+        kk, vv = kb.index_select(0, rows).to(q.dtype), vb.index_select(0, rows).to(q.dtype)
+        return sdpa(q, kk, vv, self.frame_mask).flatten(2)
 
 
 class DenseAttention:
@@ -250,3 +264,15 @@ class DenseAttention:
         t = self.tokens_per_frame
         o = sdpa(_frames_major(q, t), _frames_major(k, t), _frames_major(v, t), self.frame_mask)
         return o.unflatten(0, (b, t)).transpose(1, 2).reshape(b, nt, heads * hd)
+
+    def frame_attn(
+        self,
+        kb: torch.Tensor | None,
+        vb: torch.Tensor | None,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        """Tokens attend to one K/V token per frame (B, F, heads, hd) under the frame mask (no buffers)."""
+        mask = self.frame_mask.repeat_interleave(self.tokens_per_frame, dim=0)  # (F*T, F)
+        return sdpa(q, k, v, mask).flatten(2)

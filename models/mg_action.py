@@ -291,15 +291,16 @@ def forward_pooled(
     windows: torch.Tensor,
     rope: tuple[torch.Tensor, torch.Tensor],
     attn,
-    mouse_layer: int,
-    keyboard_layer: int,
+    layer: int,
+    keyboard_kv: tuple[torch.Tensor, torch.Tensor] | tuple[None, None],
 ) -> torch.Tensor:
     """The module over a batch of chunks: x (B, n*T, C) residual stream, `windows` (B, n, pad,
     keyboard_dim_in + 2) raw action windows ``[keys | pitch, yaw]``, `rope` from `rope_tables`.
 
-    Temporal K/V go through `attn.motion_attn` (the pool's action K/V, layer `mouse_layer` for
-    the mouse and `keyboard_layer` for the keyboard): the keyboard's one K/V token per latent
-    frame is repeated at every spatial position, so both are attention along frames per position."""
+    The mouse's temporal K/V go through `attn.motion_attn` (the pool's action K/V of `layer`:
+    attention along frames at every spatial position); the keyboard's one K/V token per latent
+    frame goes through `attn.frame_attn` into the per-frame buffers `keyboard_kv` (this layer's
+    slice of the pool's `kb_k`, `kb_v`; None in the dense forward)."""
     cfg = module.cfg
     b, nt, _ = x.shape
     t = attn.tokens_per_frame
@@ -312,13 +313,12 @@ def forward_pooled(
         q, k, v = module.t_qkv(m).view(b, nt, 3, heads, HEAD_DIM).unbind(2)
         q, k = _rms(q, cfg.eps).to(v), _rms(k, cfg.eps).to(v)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        x = x + module.proj_mouse(attn.motion_attn(mouse_layer, q, k, v))
+        x = x + module.proj_mouse(attn.motion_attn(layer, q, k, v))
     if cfg.enable_keyboard:
         emb = module.keyboard_embed(windows[..., :kd].to(x.dtype)).flatten(2)  # (B, n, pad*hidden)
         k, v = module.keyboard_attn_kv(emb).view(b, n, 2, heads, HEAD_DIM).unbind(2)
         q = module.mouse_attn_q(x).view(b, nt, heads, HEAD_DIM)
         q, k = _rms(q, cfg.eps).to(v), _rms(k, cfg.eps).to(v)
-        k, v = k.repeat_interleave(t, dim=1), v.repeat_interleave(t, dim=1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        x = x + module.proj_keyboard(attn.motion_attn(keyboard_layer, q, k, v))
+        q, k = _rotate(q, cos, sin), _rotate(k, cos[:, ::t], sin[:, ::t])  # k: one position per frame
+        x = x + module.proj_keyboard(attn.frame_attn(*keyboard_kv, q, k, v))
     return x

@@ -256,4 +256,5 @@ def test_kv_bytes_formula_matches_the_matrix_game_pool_row(dtype: torch.dtype):
     pool = CausalWan(cfg).setup_caches(2, 6, 8, dtype=dtype)
     itemsize = torch.empty(0, dtype=dtype).element_size()
     assert cfg.kv_bytes(cfg.tokens_per_frame(6, 8), itemsize) == pool.row_nbytes()
-    assert pool.ak.shape[0] == 2  # mouse and keyboard K/V of the one action block
+    assert pool.ak.shape[0] == 1  # the mouse's per-token K/V of the one action block
+    assert pool.kb_k.shape == (1, 3, 1, 5, 2, 64)  # the keyboard's: one token per frame slot
