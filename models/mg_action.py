@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.kv_pool import DenseAttention, PoolAttention
+
 HEAD_DIM = 64  # the original's RoPE table is built for 64-dim heads (8 + 28 + 28)
 
 
@@ -290,7 +292,7 @@ def forward_pooled(
     x: torch.Tensor,
     windows: torch.Tensor,
     rope: tuple[torch.Tensor, torch.Tensor],
-    attn,
+    attn: PoolAttention | DenseAttention,
     layer: int,
     keyboard_kv: tuple[torch.Tensor, torch.Tensor] | tuple[None, None],
 ) -> torch.Tensor:
