@@ -26,6 +26,7 @@ Token layout: frame-major, ``token = frame * (h * w) + row * w + col`` after 1x2
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -42,12 +43,24 @@ from torch import nn
 
 from models.actions import ActionSpace
 from models.kv_pool import ChunkIndex, DenseAttention, KVPool, PoolAttention, sdpa
+from models.mg_action import MGActionConfig, MGActionModule, forward_pooled, ring_windows, rope_tables
+
+ACTION_KINDS = ("worldserve", "matrix-game")  # ActionConfig.kind values
 
 
 @dataclass
 class ActionConfig:
-    """The action module (Matrix-Game 2.0 style), present in blocks [0, blocks)."""
+    """The action module, present in blocks [0, blocks).
 
+    `kind` selects the module: "worldserve" (`ActionModule`, our design, trained by the tiny
+    world) or "matrix-game" (`models.mg_action.MGActionModule`, weight-compatible with Matrix-Game
+    2.0 checkpoints; its own sizes are the `matrix_game` dict, an `MGActionConfig`). For
+    "matrix-game", `keys` name the keyboard columns in the original's order, and protocol mouse
+    deltas (dx, dy) become the original's [pitch, yaw] = [-dy, dx] * `mouse_scale`.
+    """
+
+    kind: str = "worldserve"
+    matrix_game: dict | None = None  # MGActionConfig.to_dict() when kind == "matrix-game"
     keys: tuple[str, ...] = ("w", "a", "s", "d")  # key names, multi-hot order
     mouse: bool = True  # read per-frame mouse deltas
     vector_dim: int = 0  # continuous action width (robotics); 0 = none
@@ -58,6 +71,34 @@ class ActionConfig:
     heads: int = 16  # heads of both action attentions
     mouse_scale: float = 1.0  # multiplies raw mouse deltas before the MLP
     rope_theta: float = 10000.0  # RoPE base of the temporal (frame-axis) attention
+
+    def __post_init__(self) -> None:
+        if self.kind not in ACTION_KINDS:
+            raise ValueError(f"unknown action kind {self.kind!r}; known: {list(ACTION_KINDS)}")
+        if self.kind == "matrix-game" and self.matrix_game is None:
+            raise ValueError("a matrix-game action config needs its `matrix_game` (MGActionConfig) dict")
+
+    @functools.cached_property
+    def mg(self) -> MGActionConfig:
+        """The Matrix-Game module config (kind "matrix-game" only); built once."""
+        if self.kind != "matrix-game" or self.matrix_game is None:
+            raise ValueError("not a matrix-game action config")
+        return MGActionConfig.from_dict(self.matrix_game)
+
+    @property
+    def kv_sets(self) -> int:
+        """Per-token temporal K/V sets per action layer in the pool (`ak`, `av`): the mouse /
+        vector's (Matrix-Game's keyboard K/V is one token per frame, a row extra)."""
+        if self.kind == "matrix-game":
+            return int(self.mg.enable_mouse)
+        return int(self.mouse or self.vector_dim > 0)
+
+    @property
+    def kv_width(self) -> int:
+        """Width (heads x head_dim) of one action K or V token."""
+        if self.kind == "matrix-game":
+            return self.mg.heads_num * 64
+        return self.heads * (self.motion_dim // self.heads)
 
     @property
     def space(self) -> ActionSpace:
@@ -89,6 +130,8 @@ class CausalWanConfig:
     null_text_len: int = 1  # text tokens used when a session has no prompt embedding
     max_text_len: int = 0  # prompt tokens a session may bring (0: null_text_len); text K/V slots per row
     action: ActionConfig | None = None  # None: no action module
+    image_dim: int | None = None  # I2V (Matrix-Game): CLIP token width; cross-attention reads img_emb(tokens)
+    cond_frames: int = 0  # I2V: latent frames of per-session conditioning kept (later frames reuse the last)
 
     @property
     def dim(self) -> int:
@@ -107,15 +150,37 @@ class CausalWanConfig:
     def kv_bytes(self, tokens_per_frame: int, itemsize: int, text_tokens: int | None = None) -> int:
         """Bytes of one session's row of the K/V pool (`KVPool.row_nbytes`): every layer's K and V
         over (sink + window) frames, its text K/V (`text_tokens`, default `self.text_tokens`), plus the
-        action module's temporal K/V when it has mouse or vector input."""
+        action module's temporal K/V (`ActionConfig.kv_sets`) and the per-row extras (I2V
+        conditioning latents, the Matrix-Game raw action ring; `row_extras`)."""
         slots = (self.sink_frames + self.window_frames) * tokens_per_frame
         text = self.text_tokens if text_tokens is None else text_tokens
         total = self.num_layers * (slots + text) * self.dim * 2 * itemsize
         a = self.action
-        if a is not None and (a.mouse or a.vector_dim):
+        if a is not None and a.kv_sets:
             layers = min(a.blocks, self.num_layers)
-            total += layers * slots * a.heads * (a.motion_dim // a.heads) * 2 * itemsize
+            total += a.kv_sets * layers * slots * a.kv_width * 2 * itemsize
+        ph, pw = self.patch_size[1:]
+        for shape in self.row_extras(tokens_per_frame * ph * pw).values():
+            total += math.prod(shape) * itemsize
         return total
+
+    def row_extras(self, latent_pixels: int) -> dict[str, tuple[int, ...]]:
+        """Per-row pool tensors besides K/V (`KVPool` extras) for latents of `latent_pixels` = h*w:
+        the I2V conditioning (channels, cond_frames, h*w), the Matrix-Game raw action ring and its
+        keyboard K/V (action layers, frame slots, heads, 64)."""
+        out: dict[str, tuple[int, ...]] = {}
+        if self.in_channels > self.out_channels:
+            out["cond"] = (self.in_channels - self.out_channels, max(self.cond_frames, 1), latent_pixels)
+        a = self.action
+        if a is not None and a.kind == "matrix-game":
+            mg = a.mg
+            ring = mg.vae_time_compression_ratio * (self.chunk_frames + mg.windows_size)
+            out["act_ring"] = (ring, mg.keyboard_dim_in + mg.mouse_dim_in)
+            if mg.enable_keyboard:
+                frames = self.sink_frames + self.window_frames
+                kv = (min(a.blocks, self.num_layers), frames, mg.heads_num, 64)
+                out["kb_k"], out["kb_v"] = kv, kv
+        return out
 
     def diffusers_config(self) -> dict:
         """The subset of fields `WanTransformer3DModel(**cfg)` takes."""
@@ -145,8 +210,8 @@ class CausalWanConfig:
         kwargs = {k: v for k, v in data.items() if k in names}
         if "patch_size" in kwargs:
             kwargs["patch_size"] = tuple(kwargs["patch_size"])
-        if data.get("image_dim") or data.get("added_kv_proj_dim"):
-            raise ValueError("image-embedding (I2V CLIP) Wan checkpoints are not supported yet")
+        if data.get("added_kv_proj_dim"):
+            raise ValueError("Wan I2V checkpoints with added image K/V projections are not supported yet")
         action = kwargs.get("action")
         if isinstance(action, dict):
             action = dict(action)
@@ -358,7 +423,13 @@ class CausalWanBlock(nn.Module):
         self.norm3 = FP32LayerNorm(dim, cfg.eps, elementwise_affine=False)
         self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
         has_action = cfg.action is not None and index < cfg.action.blocks
-        self.action = ActionModule(dim, cfg.action, cfg.eps) if has_action else None
+        self.action: ActionModule | None = None
+        self.action_model: MGActionModule | None = None  # the original's name, so its keys load
+        if has_action and cfg.action.kind == "matrix-game":
+            self.action_model = MGActionModule(cfg.action.mg)
+        elif has_action:
+            self.action = ActionModule(dim, cfg.action, cfg.eps)
+        self.n_action_layers = min(cfg.action.blocks, cfg.num_layers) if cfg.action is not None else 0
 
     def text_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention K/V (..., L_text, heads, head_dim) for projected text tokens (..., L_text, dim)."""
@@ -390,9 +461,14 @@ class CausalWanBlock(nn.Module):
         o = attn.cross_attn(layer, q)
         x = x + b2.to_out[0](o.flatten(2, 3).type_as(q))
 
-        # 3. actions
+        # 3. actions (on the raw residual stream)
         if self.action is not None and actions is not None:
             x = self.action(x, actions, layer, attn)
+        elif self.action_model is not None and actions is not None:
+            # actions: (B, n, pad, width) windows; keyboard K/V: this layer's per-frame pool buffers
+            pool = getattr(attn, "pool", None)
+            kb = (pool.kb_k[0][:, layer], pool.kb_v[0][:, layer]) if pool is not None else (None, None)
+            x = forward_pooled(self.action_model, x, actions, attn.motion_rope, attn, layer, kb)
 
         # 4. feed-forward
         h = (self.norm3(x.float()) * (1 + c_scale) + c_shift).type_as(x)
@@ -417,11 +493,19 @@ class CausalWan(nn.Module):
             cfg.in_channels, dim, kernel_size=cfg.patch_size, stride=cfg.patch_size
         )
         self.condition_embedder = WanTimeTextImageEmbedding(
-            dim=dim, time_freq_dim=cfg.freq_dim, time_proj_dim=dim * 6, text_embed_dim=cfg.text_dim
+            dim=dim,
+            time_freq_dim=cfg.freq_dim,
+            time_proj_dim=dim * 6,
+            text_embed_dim=cfg.text_dim,
+            image_embed_dim=cfg.image_dim,
         )
+        if cfg.image_dim:  # I2V: cross-attention reads only the projected image tokens (no text)
+            self.condition_embedder.text_embedder = None
         self.blocks = nn.ModuleList([CausalWanBlock(cfg, i) for i in range(cfg.num_layers)])
         # Action modules sit in the leading blocks, so a block's index is its action-cache layer.
-        self.n_action_layers = sum(blk.action is not None for blk in self.blocks)
+        self.n_action_layers = sum(
+            blk.action is not None or blk.action_model is not None for blk in self.blocks
+        )
         self.norm_out = FP32LayerNorm(dim, cfg.eps, elementwise_affine=False)
         self.proj_out = nn.Linear(dim, cfg.out_channels * math.prod(cfg.patch_size))
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
@@ -435,9 +519,13 @@ class CausalWan(nn.Module):
 
     @property
     def _motion_heads(self) -> tuple[int, int] | None:
-        if self.n_action_layers and self.blocks[0].action.motion_width > 0:
-            return self.blocks[0].action.motion_heads
-        return None
+        """(heads, head_dim) of the action K/V, None when the model keeps none."""
+        if not self.n_action_layers:
+            return None
+        a = self.cfg.action
+        if a.kind == "matrix-game":
+            return (a.mg.heads_num, 64) if a.kv_sets else None
+        return self.blocks[0].action.motion_heads if self.blocks[0].action.motion_width > 0 else None
 
     def setup_caches(
         self,
@@ -462,11 +550,12 @@ class CausalWan(nn.Module):
             cfg.num_attention_heads,
             cfg.attention_head_dim,
             text_tokens or cfg.text_tokens,
-            self.n_action_layers if motion else 0,
+            self.n_action_layers * cfg.action.kv_sets if motion else 0,
             a_heads,
             a_hd,
             dtype=dtype or p.dtype,
             device=device or p.device,
+            extras=cfg.row_extras(h * w),
         )
         return self.pool
 
@@ -475,8 +564,10 @@ class CausalWan(nn.Module):
         return torch.zeros(self.cfg.null_text_len, self.cfg.text_dim, device=device, dtype=dtype)
 
     def text_kv(self, text: torch.Tensor) -> TextKV:
-        """Every layer's cross-attention K/V for text embeddings (L_text, text_dim)."""
-        ctx = self.condition_embedder.text_embedder(text)
+        """Every layer's cross-attention K/V for text embeddings (L_text, text_dim), or for an I2V
+        model image tokens (L_image, image_dim) through its image embedder."""
+        ce = self.condition_embedder
+        ctx = ce.image_embedder(text) if self.cfg.image_dim else ce.text_embedder(text)
         out = TextKV()
         for blk in self.blocks:
             k, v = blk.text_kv(ctx)
@@ -488,6 +579,17 @@ class CausalWan(nn.Module):
         """Store the cross-attention K/V of text embeddings (L_text, text_dim) in pool row `row`."""
         kv = self.text_kv(text)
         self._pool().set_text(row, kv.k, kv.v)
+
+    @torch.no_grad()
+    def set_image_cond(self, row: int, cond: torch.Tensor) -> None:
+        """Store an I2V session's conditioning latents (in - out channels, F, h, w) in pool row
+        `row`: its first `cond_frames` frames (a shorter one repeats its last frame)."""
+        buf = self._pool().cond[0, row]  # (C, cond_frames, h*w)
+        c, f = buf.shape[:2]
+        if cond.shape[0] != c:
+            raise ValueError(f"conditioning has {cond.shape[0]} channels, the model takes {c}")
+        idx = torch.arange(f, device=cond.device).clamp(max=cond.shape[1] - 1)
+        buf.copy_(cond.index_select(1, idx).flatten(2).to(buf))
 
     def _pool(self) -> KVPool:
         if self.pool is None:
@@ -528,6 +630,8 @@ class CausalWan(nn.Module):
         """Once per forward: the 3D RoPE tables and the action module's frame RoPE."""
         _, hh, ww = grid
         rope = rope_3d(self.cfg.attention_head_dim, frame_pos, hh, ww)
+        if self._mg:  # mouse and keyboard share the action RoPE
+            return rope, rope_tables(self.cfg.action.mg, frame_pos, hh * ww)
         motion = self._motion_heads
         if motion is None:
             return rope, None
@@ -544,21 +648,59 @@ class CausalWan(nn.Module):
         """One chunk per batch entry: x (B, C, n, H, W) at timesteps t (B,) -> prediction (B, C, n, H, W).
 
         Writes the chunk's K/V into each entry's pool row at `index.write` and attends over the
-        row's slots [0, n_valid). `actions` (B, n, frames_per_latent, width) or None. With
+        row's slots [0, n_valid). `actions` (B, n, frames_per_latent, width) or None. An I2V
+        model takes x with its out_channels noise channels and appends each row's conditioning
+        frames (`set_image_cond`); x with all in_channels is used as given. With
         `need_output=False` (the clean context pass) the output head is skipped. Shapes depend
         only on B, and nothing here reads a device value on the host.
         """
+        n = x.shape[2]
+        frame_pos = index.frame_offset[:, None] + torch.arange(n, device=x.device)  # (B, n)
+        pool = self._pool()
+        if x.shape[1] < self.cfg.in_channels:  # I2V: each row's conditioning frames (from its pool row)
+            fidx = frame_pos.clamp(max=pool.cond.shape[3] - 1)
+            cond = pool.cond[0].index_select(0, index.rows)  # (B, C, cond_frames, h*w)
+            cond = torch.gather(cond, 2, fidx[:, None, :, None].expand(-1, cond.shape[1], -1, cond.shape[3]))
+            x = torch.cat([x, cond.unflatten(3, x.shape[3:]).to(x.dtype)], dim=1)
+        if actions is not None and self._mg:
+            actions = self._mg_windows_chunk(actions, index, frame_pos)
         tokens, grid = self._embed(x)
-        frame_pos = index.frame_offset[:, None] + torch.arange(grid[0], device=x.device)  # (B, n)
         rope, motion_rope = self._ropes(frame_pos, grid)
         temb, tproj = self._time(t, x.dtype)
         mod = tproj[:, None]  # (B, 1, 6, dim)
-        attn = PoolAttention(self._pool(), index, grid[1] * grid[2], rope, motion_rope)
+        attn = PoolAttention(pool, index, grid[1] * grid[2], rope, motion_rope)
         for i, blk in enumerate(self.blocks):
             tokens = blk(tokens, mod, i, attn, actions)
         if not need_output:
             return None
         return self._head(tokens, temb[:, None], grid)
+
+    @property
+    def _mg(self) -> bool:
+        """Whether the action module is Matrix-Game's (its actions arrive raw and are windowed here)."""
+        return self.cfg.action is not None and self.cfg.action.kind == "matrix-game"
+
+    def _mg_columns(self, actions: torch.Tensor) -> torch.Tensor:
+        """Protocol action columns [keys | dx, dy | ...] -> the original's [keys | pitch, yaw]."""
+        a = self.cfg.action
+        kd = a.mg.keyboard_dim_in
+        dx, dy = actions[..., kd], actions[..., kd + 1]
+        mouse = torch.stack([-dy, dx], dim=-1) * a.mouse_scale
+        return torch.cat([actions[..., :kd], mouse], dim=-1)
+
+    def _mg_windows_chunk(
+        self, actions: torch.Tensor, index: ChunkIndex, frame_pos: torch.Tensor
+    ) -> torch.Tensor:
+        """Write each entry's raw chunk actions (B, n, ratio, width) into its row's action ring
+        (at absolute raw positions, so a rolled-back chunk's writes are simply overwritten by the
+        next try, like scratch K/V) and read every latent frame's window (B, n, pad, K + 2)."""
+        mg = self.cfg.action.mg
+        ring = self._pool().act_ring[0]  # (rows + 1, R, K + 2)
+        raw = self._mg_columns(actions).flatten(1, 2)  # (B, n*ratio, K + 2)
+        start = mg.vae_time_compression_ratio * index.frame_offset[:, None]
+        pos = start + torch.arange(raw.shape[1], device=raw.device)
+        ring.index_put_((index.rows[:, None], pos % ring.shape[1]), raw.to(ring.dtype))
+        return ring_windows(ring.index_select(0, index.rows), frame_pos, mg)
 
     def forward_dense(
         self,
@@ -574,13 +716,17 @@ class CausalWan(nn.Module):
         `positions` (F,) int64 gives each frame's RoPE frame index (default 0..F-1). Repeated
         indices let one sequence hold two copies of a frame, e.g. a clean context copy and a
         noisy copy for teacher-forced training (CausVid); the mask decides who sees whom.
-        Every clip's text must have the same length.
+        Every clip's text must have the same length. An I2V model takes x with all its
+        in_channels (noise + conditioning) here.
         """
         tokens, grid = self._embed(x)
         b, tpf = x.shape[0], grid[1] * grid[2]
         if positions is None:
             positions = torch.arange(grid[0], device=x.device)
-        rope, motion_rope = self._ropes(positions.to(x.device)[None].expand(b, -1), grid)
+        frame_pos = positions.to(x.device)[None].expand(b, -1)
+        rope, motion_rope = self._ropes(frame_pos, grid)
+        if actions is not None and self._mg:  # the clip is the whole ring
+            actions = ring_windows(self._mg_columns(actions).flatten(1, 2), frame_pos, self.cfg.action.mg)
         temb, tproj = self._time(t, x.dtype)  # (B, F, dim), (B, F, 6, dim)
         temb = temb.repeat_interleave(tpf, dim=1)
         mod = tproj.repeat_interleave(tpf, dim=1)

@@ -68,6 +68,7 @@ class KVPool(nn.Module):
         action_head_dim: int = 1,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        extras: dict[str, tuple[int, ...]] | None = None,
     ) -> None:
         super().__init__()
         if rows < 1:
@@ -87,6 +88,11 @@ class KVPool(nn.Module):
         text = torch.zeros(layers, r, text_tokens, heads, head_dim, **z)
         self.register_buffer("tk", text, persistent=False)
         self.register_buffer("tv", torch.zeros_like(self.tk), persistent=False)
+        # Per-row tensors a model keeps with the session (Matrix-Game: its image conditioning and a
+        # ring of raw action frames), shaped (1, rows + 1, *shape) so every row operation covers them.
+        self.extras = tuple(extras or {})
+        for name, shape in (extras or {}).items():
+            self.register_buffer(name, torch.zeros(1, r, *shape, **z), persistent=False)
         # Text tokens per row; the padding row attends to one (zero) token so its softmax is finite.
         self.register_buffer("text_len", torch.ones(r, dtype=torch.long, device=device), persistent=False)
 
@@ -100,11 +106,14 @@ class KVPool(nn.Module):
         """Text tokens a row holds at most."""
         return self.tk.shape[2]
 
+    def _names_of_rows(self) -> tuple[str, ...]:
+        return ("k", "v", "ak", "av", "tk", "tv", *self.extras)
+
     def _buffers_of_rows(self) -> list[torch.Tensor]:
-        return [self.k, self.v, self.ak, self.av, self.tk, self.tv]
+        return [getattr(self, name) for name in self._names_of_rows()]
 
     def row_nbytes(self) -> int:
-        """Device bytes one session row holds (every layer's K/V, action K/V and text K/V)."""
+        """Device bytes one session row holds (every layer's K/V, action K/V, text K/V, extras)."""
         return sum(b[:, 0].numel() * b.element_size() for b in self._buffers_of_rows())
 
     def nbytes(self) -> int:
@@ -142,8 +151,9 @@ class KVPool(nn.Module):
 
     def row_view(self, row: int) -> dict[str, torch.Tensor]:
         """Row `row` of every K/V buffer (views: for tests, export and residency checks)."""
-        names = ("k", "v", "ak", "av", "tk", "tv")
-        return {name: b[:, row] for name, b in zip(names, self._buffers_of_rows(), strict=True)}
+        return {
+            name: b[:, row] for name, b in zip(self._names_of_rows(), self._buffers_of_rows(), strict=True)
+        }
 
 
 class PoolAttention:
@@ -172,8 +182,10 @@ class PoolAttention:
         t = tokens_per_frame
         fslot = torch.arange(pool.capacity // t, device=dev)
         fmask = (fslot[None] < (index.n_valid // t)[:, None])[:, None, None, :]  # (B, 1, 1, frames)
+        self.frame_mask = fmask  # (B, 1, 1, frames)
         self.motion_mask = fmask.repeat_interleave(t, dim=0)  # (B*T, 1, 1, frames)
         self._put = (rows[:, None], index.write)
+        self._put_frames = (rows[:, None], index.write[:, ::t] // t)  # (B, n) frame slots of the chunk
 
     def _write_read(
         self, kb: torch.Tensor, vb: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -204,6 +216,18 @@ class PoolAttention:
         kk, vv = _frames_major(kk, t).to(q.dtype), _frames_major(vv, t).to(q.dtype)
         o = sdpa(_frames_major(q, t), kk, vv, self.motion_mask)
         return o.unflatten(0, (b, t)).transpose(1, 2).reshape(b, n * t, heads * hd)
+
+    def frame_attn(
+        self, kb: torch.Tensor, vb: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """Every token of an entry attends to one K/V token per attended frame of its row: q
+        (B, n*T, heads, hd); k, v (B, n, heads, hd) of the chunk's frames, written into the
+        per-frame buffers kb, vb (rows + 1, frames, heads, hd). Returns (B, n*T, heads * hd)."""
+        kb.index_put_(self._put_frames, k.to(kb.dtype))
+        vb.index_put_(self._put_frames, v.to(vb.dtype))
+        rows = self.index.rows
+        kk, vv = kb.index_select(0, rows).to(q.dtype), vb.index_select(0, rows).to(q.dtype)
+        return sdpa(q, kk, vv, self.frame_mask).flatten(2)
 
 
 class DenseAttention:
@@ -240,3 +264,15 @@ class DenseAttention:
         t = self.tokens_per_frame
         o = sdpa(_frames_major(q, t), _frames_major(k, t), _frames_major(v, t), self.frame_mask)
         return o.unflatten(0, (b, t)).transpose(1, 2).reshape(b, nt, heads * hd)
+
+    def frame_attn(
+        self,
+        kb: torch.Tensor | None,
+        vb: torch.Tensor | None,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        """Tokens attend to one K/V token per frame (B, F, heads, hd) under the frame mask (no buffers)."""
+        mask = self.frame_mask.repeat_interleave(self.tokens_per_frame, dim=0)  # (F*T, F)
+        return sdpa(q, k, v, mask).flatten(2)

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.kv_pool import DenseAttention, PoolAttention
+
 HEAD_DIM = 64  # the original's RoPE table is built for 64-dim heads (8 + 28 + 28)
 
 
@@ -241,3 +243,84 @@ class MGActionModule(nn.Module):
         o = F.scaled_dot_product_attention(q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2))
         o = o.transpose(1, 2).reshape(b, s, t, heads * HEAD_DIM).transpose(1, 2).reshape(b, t * s, -1)
         return self.proj_keyboard(o)
+
+
+# --- the served path: batched over sessions, K/V in the model's pool --------------------------
+
+
+def rope_tables(
+    cfg: MGActionConfig, frame_pos: torch.Tensor, tokens_per_frame: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (B, n*T, 1, 64) of the action RoPE for latent frames `frame_pos` (B, n): the first
+    ``rope_dim_list[0]`` head dims rotate by frame (theta ``rope_theta``), the rest stay put."""
+    rot = cfg.rope_dim_list[0]
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, rot, 2, device=frame_pos.device).float() / rot))
+    ang = frame_pos.float()[..., None] * inv  # (B, n, rot/2)
+    b, n = frame_pos.shape
+    rest = HEAD_DIM - rot
+    cos = torch.cat([ang.cos().repeat_interleave(2, -1), ang.new_ones(b, n, rest)], dim=-1)
+    sin = torch.cat([ang.sin().repeat_interleave(2, -1), ang.new_zeros(b, n, rest)], dim=-1)
+    t = tokens_per_frame
+    return cos.repeat_interleave(t, dim=1)[:, :, None], sin.repeat_interleave(t, dim=1)[:, :, None]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of x (B, L, H, D) by tables (B, L, 1, D) (as `_rope`)."""
+    re, im = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 0::2]
+    return torch.stack([re * c - im * s, im * c + re * s], dim=-1).flatten(-2).type_as(x)
+
+
+def ring_windows(ring: torch.Tensor, frame_pos: torch.Tensor, cfg: MGActionConfig) -> torch.Tensor:
+    """Action windows (B, n, pad, W) of latent frames `frame_pos` (B, n) from per-entry rings
+    (B, R, W) of raw action frames stored at ``k mod R``.
+
+    Raw action ``k`` is entry ``j`` of latent frame ``f``'s group of ``ratio`` (``k = ratio*f + j``;
+    the first latent frame's group repeats raw frame 0). The original's raw frame ``r`` is
+    ``k - (ratio - 1)``, so its window ``ratio*(f - window) .. ratio*f - 1`` is
+    ``k = ratio*(f - window) + ratio - 1 ...``, and indices below 0 read frame 0 (k = 0)."""
+    ratio = cfg.vae_time_compression_ratio
+    offs = torch.arange(cfg.pad, device=frame_pos.device) + ratio * (1 - cfg.windows_size) - 1
+    k = (ratio * frame_pos[..., None] + offs).clamp(min=0) % ring.shape[1]  # (B, n, pad)
+    return torch.gather(
+        ring[:, None].expand(-1, k.shape[1], -1, -1), 2, k[..., None].expand(-1, -1, -1, ring.shape[-1])
+    )
+
+
+def forward_pooled(
+    module: MGActionModule,
+    x: torch.Tensor,
+    windows: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    attn: PoolAttention | DenseAttention,
+    layer: int,
+    keyboard_kv: tuple[torch.Tensor, torch.Tensor] | tuple[None, None],
+) -> torch.Tensor:
+    """The module over a batch of chunks: x (B, n*T, C) residual stream, `windows` (B, n, pad,
+    keyboard_dim_in + 2) raw action windows ``[keys | pitch, yaw]``, `rope` from `rope_tables`.
+
+    The mouse's temporal K/V go through `attn.motion_attn` (the pool's action K/V of `layer`:
+    attention along frames at every spatial position); the keyboard's one K/V token per latent
+    frame goes through `attn.frame_attn` into the per-frame buffers `keyboard_kv` (this layer's
+    slice of the pool's `kb_k`, `kb_v`; None in the dense forward)."""
+    cfg = module.cfg
+    b, nt, _ = x.shape
+    t = attn.tokens_per_frame
+    n = nt // t
+    heads, kd = cfg.heads_num, cfg.keyboard_dim_in
+    cos, sin = rope
+    if cfg.enable_mouse:
+        mouse = windows[..., kd : kd + cfg.mouse_dim_in].flatten(2).to(x.dtype)  # (B, n, pad*2)
+        m = module.mouse_mlp(torch.cat([x, mouse.repeat_interleave(t, dim=1)], dim=-1))
+        q, k, v = module.t_qkv(m).view(b, nt, 3, heads, HEAD_DIM).unbind(2)
+        q, k = _rms(q, cfg.eps).to(v), _rms(k, cfg.eps).to(v)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        x = x + module.proj_mouse(attn.motion_attn(layer, q, k, v))
+    if cfg.enable_keyboard:
+        emb = module.keyboard_embed(windows[..., :kd].to(x.dtype)).flatten(2)  # (B, n, pad*hidden)
+        k, v = module.keyboard_attn_kv(emb).view(b, n, 2, heads, HEAD_DIM).unbind(2)
+        q = module.mouse_attn_q(x).view(b, nt, heads, HEAD_DIM)
+        q, k = _rms(q, cfg.eps).to(v), _rms(k, cfg.eps).to(v)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos[:, ::t], sin[:, ::t])  # k: one position per frame
+        x = x + module.proj_keyboard(attn.frame_attn(*keyboard_kv, q, k, v))
+    return x

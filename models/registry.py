@@ -23,7 +23,8 @@ The decoder kind picks the autoencoder class: diffusers' `AutoencoderKLWan` behi
 `with_decoder(world, "taehv:PATH")` swaps a loaded world's decoder for TAEHV weights in a local
 file, e.g. madebyollin/taehv's taew2_1.safetensors (`worldserve --decoder taehv:PATH`).
 A "start_image" entry gives image-started worlds a seed -> frame function, so sessions need not
-send `open.image` ("game": the built-in simulator's first frame for the seed).
+send `open.image` ("game": the built-in simulator's first frame for the seed; "file": one image
+file, `{"kind": "file", "path": "start.png"}` relative to DIR, the same frame for every seed).
 Converted directories (models/convert/output.py) list in "requires" what serving them needs; a
 directory needing anything outside `SUPPORTED_REQUIREMENTS` is refused, and "text_prompts" marks
 the world as taking prompts (`WorldConfig.text_prompts`; resolved by `World.prompts`).
@@ -57,7 +58,7 @@ WEIGHTS = "diffusion_pytorch_model.safetensors"
 IGNORED_KEYS = ("norm_added_q",)
 DECODER_KINDS = ("wan", "fast", "taehv")  # worldserve.json "decoder.kind" values
 TAEHV_DEFAULT = "taew2_1"  # the TAEHV config of a taehv entry without one, and of `--decoder taehv:PATH`
-START_IMAGE_KINDS = ("game",)  # worldserve.json "start_image.kind" values
+START_IMAGE_KINDS = ("game", "file")  # worldserve.json "start_image.kind" values
 
 
 class UnknownModelError(KeyError):
@@ -69,8 +70,9 @@ class UnsupportedModelError(ValueError):
 
 
 # worldserve.json "requires" entries this build can serve (models/convert/output.py writes them).
-# "text_prompts": sessions' prompts resolve through `World.prompts` (serve --prompt-embeds DIR).
-SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset({"text_prompts"})
+# "text_prompts": sessions' prompts resolve through `World.prompts` (serve --prompt-embeds DIR);
+# the Matrix-Game entries are what older conversions listed before the model ran them.
+SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset({"text_prompts", "mg_action_module", "image_conditioning"})
 
 
 def tiny_random_configs() -> tuple[WorldConfig, CausalWanConfig, dict]:
@@ -120,13 +122,20 @@ def tiny_random_configs() -> tuple[WorldConfig, CausalWanConfig, dict]:
     return world, dit, vae
 
 
-def start_image_fn(spec: dict | None) -> Callable[[int], np.ndarray] | None:
-    """The seed -> start frame function a worldserve.json "start_image" entry names (None: none)."""
+def start_image_fn(spec: dict | None, root: Path | None = None) -> Callable[[int], np.ndarray] | None:
+    """The seed -> start frame function a worldserve.json "start_image" entry names (None: none);
+    a "file" path is relative to the model directory `root`."""
     if spec is None:
         return None
     kind = spec.get("kind")
     if kind not in START_IMAGE_KINDS:
         raise ValueError(f"unknown start_image kind {kind!r}; known: {list(START_IMAGE_KINDS)}")
+    if kind == "file":
+        from PIL import Image
+
+        with Image.open((root or Path(".")) / spec["path"]) as img:  # read once, at load
+            frame = np.asarray(img.convert("RGB"), dtype=np.uint8)
+        return lambda seed: frame
     size = int(spec.get("size", 64))
     return lambda seed: game_start_image(seed, size)
 
@@ -310,6 +319,10 @@ def load_world(
             f"{root}: this {meta.get('family', 'model')} directory needs {', '.join(missing)}, "
             "which this server cannot run yet (see docs/MODELS.md)"
         )
+    if meta.get("family") == "matrix-game-2":
+        from models.mg_world import load_matrix_game  # imports this module's load_state
+
+        return load_matrix_game(root, meta, device, dtype)
     tcfg = meta.get("transformer")
     if tcfg is None:
         tcfg = json.loads((root / "transformer" / "config.json").read_text()) | meta.get("rollout", {})
@@ -332,7 +345,7 @@ def load_world(
         vae_cfg,
         seed=None,
         decoder=kind,
-        start_image=start_image_fn(meta.get("start_image")),
+        start_image=start_image_fn(meta.get("start_image"), root),
     )
     load_state(world.transformer, root / "transformer" / WEIGHTS)
     load_state(decoder_module(world.decoder), weights)

@@ -28,6 +28,7 @@ import torch
 
 from models.actions import ActionSpace, FrameLayout
 from models.causal_wan import CausalWan
+from models.i2v import ImageConditioner
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise
 from models.vae import DecoderCache, StreamingDecoder, decode_batch
@@ -73,7 +74,9 @@ class WorldConfig:
     height: int  # video frame height, pixels
     schedule: FlowSchedule = field(default_factory=FlowSchedule)  # noise levels per chunk
     context_noise: float = 0.0  # sigma of the history the context pass writes (0: clean)
-    image_start: bool = False  # a new world prefills an encoded start image as committed frame 0
+    image_start: bool = (
+        False  # starts from an image: prefilled as committed frame 0 (an I2V world: its conditioning)
+    )
     description: str = ""
     text_prompts: bool = False  # sessions may bring a prompt (resolved by `World.prompts`)
 
@@ -145,6 +148,7 @@ class World:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         start_image: Callable[[int], np.ndarray] | None = None,
+        conditioner: ImageConditioner | None = None,
     ) -> None:
         self.config = config
         self.transformer = transformer.eval()
@@ -153,18 +157,21 @@ class World:
         self.dtype = dtype
         self._start_image = start_image  # seed -> start frame, for worlds that invent their own
         self.prompts: PromptSource | None = None  # prompt -> embeddings, for text_prompts worlds
+        self.conditioner = conditioner  # I2V worlds: start frame -> conditioning latents + image tokens
         self.buckets: tuple[int, ...] | None = None  # compiled batch sizes; None: eager, any size
         self._denoise_fn = self._eager_denoise
         self._context_fn = self._eager_context
         tcfg = transformer.cfg
-        if decoder.latent_channels != tcfg.in_channels:
+        if decoder.latent_channels != tcfg.out_channels:
             raise ValueError(
-                f"decoder has {decoder.latent_channels} latent channels, DiT takes {tcfg.in_channels}"
+                f"decoder has {decoder.latent_channels} latent channels, DiT makes {tcfg.out_channels}"
             )
+        if tcfg.image_dim and conditioner is None:
+            raise ValueError("an I2V transformer needs an image conditioner (CLIP tower + VAE encoder)")
         if config.width % decoder.spatial or config.height % decoder.spatial:
             raise ValueError("frame size must be a multiple of the decoder's spatial factor")
         self.latent_shape = (
-            tcfg.in_channels,
+            tcfg.out_channels,
             config.height // decoder.spatial,
             config.width // decoder.spatial,
         )
@@ -199,6 +206,12 @@ class World:
             image_start=c.image_start,
             description=c.description,
         )
+
+    @property
+    def start_frames(self) -> int:
+        """Latent frames committed before chunk 1: 1 when the start image is prefilled as frame 0,
+        0 otherwise (an I2V world's image conditions its chunks instead)."""
+        return int(self.config.image_start and not self.transformer.cfg.image_dim)
 
     def kv_bytes_per_session(self) -> int:
         """Device bytes of one session's pool row (see `CausalWanConfig.kv_bytes`)."""
@@ -329,9 +342,12 @@ class World:
 
     @torch.no_grad()
     def init_state(self, cond: Conditioning) -> WorldState:
-        """An empty world for `cond`: takes a row of the K/V pool and stores its text K/V there."""
+        """An empty world for `cond`: takes a row of the K/V pool and stores its text K/V there
+        (an I2V world: its image conditioning, see `_image_cond`)."""
         text = cond.text
         tcfg = self.transformer.cfg
+        if tcfg.image_dim:
+            return self._init_i2v(cond)
         if text is None and cond.prompt:
             text = self._prompt_text(cond.prompt)
         if text is None:
@@ -345,6 +361,35 @@ class World:
         self.transformer.set_text(row, text.to(self.device, self.dtype))
         state = WorldState(row, lease, self.decoder.init_cache(), int(cond.seed), start_latents=start_latents)
         return self._track(state)
+
+    def _init_i2v(self, cond: Conditioning) -> WorldState:
+        """An I2V world (Matrix-Game): the start frame conditions every chunk instead of being
+        committed as frame 0; its latents and image tokens live in the session's pool row."""
+        if cond.text is not None:
+            raise ConditioningError("prompt", f"{self.config.id} is conditioned on an image, not a prompt")
+        image = cond.image
+        if image is None:
+            if self._start_image is None:
+                raise ConditioningError("image", f"{self.config.id} starts from an image; send open.image")
+            image = self._start_image(int(cond.seed))
+        if (
+            not isinstance(image, np.ndarray)
+            or image.dtype != np.uint8
+            or image.ndim != 3
+            or image.shape[2] != 3
+        ):
+            got = f"{image.dtype} {image.shape}" if isinstance(image, np.ndarray) else type(image).__name__
+            raise ConditioningError("image", f"image must be an (H, W, 3) uint8 RGB frame, got {got}")
+        assert self.conditioner is not None  # checked in __init__
+        latents, tokens = self.conditioner(image, self.config.height, self.config.width)
+        row, lease = self._lease_row()
+        try:
+            self.transformer.set_text(row, tokens.to(self.device, self.dtype))
+            self.transformer.set_image_cond(row, latents.to(self.device, self.dtype))
+        except Exception:
+            self._free_row(row, lease)
+            raise
+        return self._track(WorldState(row, lease, self.decoder.init_cache(), int(cond.seed)))
 
     def _start_latents(self, cond: Conditioning) -> torch.Tensor | None:
         if self.config.image_start:

@@ -276,7 +276,7 @@ def script_actions(world: World, script: str, chunks: int | None) -> list[list[F
     to cover the script (8 without one).
     """
     frames = parse_action_script(script)
-    first = 1 if world.config.image_start else 0  # latent frames before the first scripted chunk
+    first = world.start_frames  # latent frames before the first scripted chunk
     n = world.chunk_frames
 
     def count(i: int) -> int:

@@ -40,3 +40,29 @@ def convert(path: Path, cfg: CLIPVisionConfig | None = None) -> dict[str, torch.
     cfg = cfg or CLIPVisionConfig()
     state = read_state(path)
     return apply(state, key_map(list(state), cfg), target_shapes(cfg), f"clip {path.name}")
+
+
+HEAD_WIDTH = 80  # ViT-H/14: 1280 wide, 16 heads; head count is not in the weights' shapes
+
+
+def config_from_shapes(source: dict[str, Shape | torch.Tensor]) -> CLIPVisionConfig:
+    """The tower's sizes read off an original checkpoint (`visual.*` shapes): width, patch, image
+    size, depth, MLP ratio, head projection; heads = width / 80 (the published head width)."""
+    from models.convert.keymap import ConversionError, shape_of
+
+    missing = [k for k in ("patch_embedding.weight", "pos_embedding", "head") if PREFIX + k not in source]
+    if missing or PREFIX + "transformer.0.mlp.0.weight" not in source:
+        raise ConversionError(f"clip: not a CLIP visual tower (missing {missing or ['transformer.0.mlp']})")
+    dim, _, patch, _ = shape_of(source[PREFIX + "patch_embedding.weight"])
+    tokens = shape_of(source[PREFIX + "pos_embedding"])[1]
+    layers = 1 + max(int(k.split(".")[2]) for k in source if k.startswith(PREFIX + "transformer."))
+    hidden = shape_of(source[PREFIX + "transformer.0.mlp.0.weight"])[0]
+    return CLIPVisionConfig(
+        image_size=round((tokens - 1) ** 0.5) * patch,
+        patch_size=patch,
+        dim=dim,
+        mlp_ratio=hidden / dim,
+        num_heads=max(1, dim // HEAD_WIDTH),
+        num_layers=layers,
+        out_dim=shape_of(source[PREFIX + "head"])[1],
+    )

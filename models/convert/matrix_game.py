@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from diffusers import WanTransformer3DModel
 
+from models.causal_wan import ActionConfig, CausalWanConfig
 from models.convert import wan_dit
 from models.convert.keymap import ConversionError, KeyMap, Shape, apply, check, module_shapes
 from models.convert.sources import read_state
@@ -215,3 +216,52 @@ def convert(path: Path, original: dict | None = None) -> tuple[dict[str, torch.T
     variant, cfg = resolve(state, original)
     out = apply(state, key_map(cfg), target_shapes(cfg), f"matrix-game-2 {path.name} ({variant})")
     return out, variant, cfg
+
+
+MOUSE_SCALE = MOUSE["scale"]
+COND_FRAMES = 30  # conditioning frames kept: the Wan encoder's receptive field (benchmarks/mg_cond_frames.py)
+
+
+def serving_config(original: dict, inference: dict, cond_frames: int = COND_FRAMES) -> CausalWanConfig:
+    """Our `CausalWanConfig` for original Matrix-Game kwargs and the recorded inference settings:
+    I2V (in_dim 36, cross-attention to `clip_tokens` image tokens of width 1280), the original's
+    action module in its blocks under kind "matrix-game" with the protocol keys of the variant's
+    action-space table, window = `local_attn_size` (the chunk included), sink 0."""
+    act = action_config(original)
+    table = ACTION_SPACE.get(original.get("mode", ""))
+    if table is None:  # a custom config: name the columns by the published table of that width
+        table = next(
+            (t for t in ACTION_SPACE.values() if len(t["keyboard"]) == act.keyboard_dim_in),
+            {"keyboard": [[f"key{i}", f"k{i}"] for i in range(act.keyboard_dim_in)]},
+        )
+    if max(act.blocks) + 1 != len(act.blocks):
+        raise ValueError(f"action blocks {act.blocks} must be the leading blocks 0..N-1")
+    dit = dit_diffusers_config(original)
+    return CausalWanConfig(
+        patch_size=tuple(dit["patch_size"]),
+        num_attention_heads=dit["num_attention_heads"],
+        attention_head_dim=dit["attention_head_dim"],
+        in_channels=dit["in_channels"],
+        out_channels=dit["out_channels"],
+        freq_dim=dit["freq_dim"],
+        ffn_dim=dit["ffn_dim"],
+        num_layers=dit["num_layers"],
+        eps=dit["eps"],
+        chunk_frames=inference["num_frame_per_block"],
+        window_frames=original["local_attn_size"],
+        sink_frames=original.get("sink_size", 0),
+        null_text_len=inference["clip_tokens"],
+        image_dim=dit["image_dim"],
+        cond_frames=cond_frames,
+        action=ActionConfig(
+            kind="matrix-game",
+            matrix_game=act.to_dict(),
+            keys=tuple(k for _, k in table["keyboard"]),
+            mouse=act.enable_mouse,
+            frames_per_latent=act.vae_time_compression_ratio,
+            blocks=len(act.blocks),
+            heads=act.heads_num,
+            motion_dim=act.mouse_hidden_dim,
+            mouse_scale=MOUSE_SCALE,
+        ),
+    )

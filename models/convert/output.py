@@ -29,10 +29,9 @@ from diffusers import AutoencoderKLWan
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from models.clip_vision import CLIPVisionConfig
 from models.convert import clip, fastvideo, matrix_game, self_forcing, wan_vae
 from models.convert.keymap import ConversionError
-from models.convert.sources import list_keys
+from models.convert.sources import list_keys, read_state
 
 KINDS = ("self-forcing", "matrix-game-2", "fastvideo")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -94,7 +93,7 @@ def convert_sources(
     if "clip" in parts:
         if conv.family != "matrix-game-2":
             raise ConversionError(f"{parts['clip']}: a CLIP checkpoint only belongs to Matrix-Game worlds")
-        cfg = CLIPVisionConfig()
+        cfg = clip.config_from_shapes(read_state(parts["clip"]))
         conv.clip = (clip.convert(parts["clip"], cfg), cfg.to_dict())
         bar.update(1)
     elif conv.family == "matrix-game-2":
@@ -167,8 +166,8 @@ def _matrix_game(state: dict, variant: str, original: dict) -> Converted:
         transformer=state,
         transformer_config=matrix_game.dit_diffusers_config(original)
         | {"action_config": original["action_config"]},
-        requires=["mg_action_module", "image_conditioning"],
-        inference=inf,
+        requires=[],
+        inference=inf | {"cond_frames": matrix_game.COND_FRAMES},
         action_space=matrix_game.ACTION_SPACE.get(variant),
     )
 

@@ -51,3 +51,35 @@ def make_model():
         return CausalWan(cfg).eval()
 
     return make
+
+
+def tiny_mg_config(**overrides) -> CausalWanConfig:
+    """An I2V Wan (4 noise + 4 conditioning channels, 16-wide image tokens) with Matrix-Game's
+    action module in block 0: 3 keys + mouse, 2 heads of 64, 4 raw frames per latent frame."""
+    from models.causal_wan import ActionConfig
+    from models.mg_action import MGActionConfig
+
+    mg = MGActionConfig(
+        keyboard_dim_in=3,
+        hidden_size=8,
+        img_hidden_size=64,
+        keyboard_hidden_dim=128,
+        mouse_hidden_dim=128,
+        heads_num=2,
+        local_attn_size=5,
+        blocks=(0,),
+    )
+    action = ActionConfig(
+        kind="matrix-game", matrix_game=mg.to_dict(), keys=("w", "a", "d"), frames_per_latent=4, blocks=1
+    )
+    base = dict(
+        attention_head_dim=32,
+        in_channels=8,
+        out_channels=4,
+        image_dim=16,
+        null_text_len=3,
+        window_frames=5,
+        cond_frames=8,
+        action=action,
+    )
+    return tiny_config(**(base | overrides))

@@ -15,7 +15,7 @@ from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
 from models.causal_wan import CausalWan, CausalWanConfig, frame_attention_mask
 from runtime.kv_cache import KVLayout
-from tests.models.conftest import tiny_actions, tiny_config
+from tests.models.conftest import tiny_actions, tiny_config, tiny_mg_config
 
 H = W = 8  # latent size -> 4x4 = 16 tokens per frame after 1x2x2 patches
 TOL = 1e-5
@@ -171,8 +171,9 @@ def test_denoise_never_writes_committed_slots(make_model):
 def test_config_round_trips_and_rejects_unsupported():
     cfg = tiny_config(action=tiny_actions())
     assert CausalWanConfig.from_dict(cfg.to_dict()) == cfg
+    assert CausalWanConfig.from_dict({**cfg.diffusers_config(), "image_dim": 1280}).image_dim == 1280
     with pytest.raises(ValueError, match="I2V"):
-        CausalWanConfig.from_dict({**cfg.diffusers_config(), "image_dim": 1280})
+        CausalWanConfig.from_dict({**cfg.diffusers_config(), "image_dim": 1280, "added_kv_proj_dim": 64})
     with pytest.raises(ValueError, match="patch_size"):
         CausalWan(tiny_config(patch_size=(2, 2, 2)))
 
@@ -194,3 +195,66 @@ def test_kv_bytes_formula_matches_the_allocated_pool_row(cfg: CausalWanConfig, d
     assert cfg.kv_bytes(cfg.tokens_per_frame(h, w), itemsize) == pool.row_nbytes() > 0
     assert pool.nbytes() == 4 * pool.row_nbytes()  # 3 session rows + the padding row
     assert not any(k.startswith("pool") for k in model.state_dict())  # weights only
+
+
+@torch.no_grad()
+def test_matrix_game_cache_matches_dense_forward(make_model):
+    """The pooled Matrix-Game path (conditioning from the row, action windows from the row's ring,
+    mouse and keyboard K/V in the pool, eviction) equals the dense forward over the whole clip."""
+    model = make_model(tiny_mg_config())
+    sizes = [2, 2, 2, 2]
+    tokens = torch.randn(3, 16)
+    cond = torch.randn(4, sum(sizes), H, W)
+    chunks = [torch.randn(1, 4, n, H, W) for n in sizes]
+    actions = torch.randn(1, sum(sizes), 4, 3 + 2)
+    actions[..., :3] = (actions[..., :3] > 0).float()
+
+    def cached(acts):
+        model.setup_caches(1, H, W)
+        model.set_text(0, tokens)
+        model.set_image_cond(0, cond)
+        return rollout_no_setup(model, chunks, acts)
+
+    got = cached(actions)
+    ts = torch.zeros(1, sum(sizes))
+    ts[:, -2:] = 400.0
+    mask = frame_attention_mask(sizes, 5, 0)
+    x = torch.cat([torch.cat(chunks, 2), cond[None]], dim=1)
+    dense = model.forward_dense(x, ts, [model.text_kv(tokens)], mask, actions)
+    assert (got - dense[:, :, -2:]).abs().max().item() <= TOL
+    # the chunk's own actions matter, and so do earlier chunks' (their windows and cached action K/V)
+    for frame, col in ((7, 0), (4, 3), (3, 1)):
+        other = actions.clone()
+        other[:, frame, :, col] += 1.0
+        assert (cached(other) - got).abs().max().item() > 1e-4, (frame, col)
+    # the last raw frame of the last latent frame is outside every window (as in the original)
+    other = actions.clone()
+    other[:, -1, -1] += 1.0
+    assert (cached(other) - got).abs().max().item() == 0.0
+
+
+def rollout_no_setup(model: CausalWan, chunks: list[torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
+    """Context passes over all chunks but the last, then the last at t=400 (pool already set up)."""
+    cfg = model.cfg
+    layout = KVLayout(cfg.sink_frames, cfg.window_frames, model.tokens_per_frame(H, W))
+    done = 0
+    for x in chunks[:-1]:
+        n = x.shape[2]
+        model.forward_chunk(
+            x, torch.zeros(1), index(model, layout, done, n), actions[:, done : done + n], False
+        )
+        done += n
+    n = chunks[-1].shape[2]
+    return model.forward_chunk(
+        chunks[-1], torch.tensor([400.0]), index(model, layout, done, n), actions[:, done : done + n]
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_bytes_formula_matches_the_matrix_game_pool_row(dtype: torch.dtype):
+    cfg = tiny_mg_config()
+    pool = CausalWan(cfg).setup_caches(2, 6, 8, dtype=dtype)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    assert cfg.kv_bytes(cfg.tokens_per_frame(6, 8), itemsize) == pool.row_nbytes()
+    assert pool.ak.shape[0] == 1  # the mouse's per-token K/V of the one action block
+    assert pool.kb_k.shape == (1, 3, 1, 5, 2, 64)  # the keyboard's: one token per frame slot

@@ -143,3 +143,38 @@ def test_a_prompt_longer_than_the_rows_text_slots_is_refused():
     with pytest.raises(ConditioningError) as err:
         world.init_state(Conditioning(text=torch.zeros(cfg.text_tokens + 1, cfg.text_dim)))
     assert err.value.field == "prompt" and world.free_rows == world.max_sessions  # no row kept
+
+
+@torch.no_grad()
+def test_matrix_game_batch_equals_each_session_alone_without_host_sync(make_model):
+    """Matrix-Game rows (own conditioning, own action ring, mouse + keyboard K/V) at different
+    fill levels, batched and padded to a bucket, equal each row run alone; no host reads."""
+    from tests.models.conftest import tiny_mg_config
+
+    model = make_model(tiny_mg_config())
+    layout = KVLayout(0, 5, model.tokens_per_frame(H, W))
+    model.setup_caches(4, H, W)
+    gen = torch.Generator().manual_seed(0)
+    rows, fills = [2, 0, 1], [3, 0, 1]  # chunks of history: wrapped, empty, filling
+    done = []
+    for row, fill in zip(rows, fills, strict=True):
+        model.set_text(row, torch.randn(3, 16, generator=gen))
+        model.set_image_cond(row, torch.randn(4, 8, H, W, generator=gen))
+        for c in range(fill):
+            x = torch.randn(1, 4, 2, H, W, generator=gen)
+            act = torch.randn(1, 2, 4, 5, generator=gen)
+            model.forward_chunk(x, torch.zeros(1), layout.index([row], [2 * c], 2, 4), act, need_output=False)
+        done.append(2 * fill)
+    x = torch.randn(3, 4, 2, H, W, generator=gen)
+    t = torch.rand(3, generator=gen) * 1000
+    act = torch.randn(3, 2, 4, 5, generator=gen)
+    solo = [
+        model.forward_chunk(x[i : i + 1], t[i : i + 1], layout.index([r], [done[i]], 2, 4), act[i : i + 1])
+        for i, r in enumerate(rows)
+    ]
+    index = layout.index(rows, done, 2, 4, bucket=4)
+    xb, tb, ab = torch.cat([x, x[:1] * 0]), torch.cat([t, t[:1] * 0]), torch.cat([act, act[:1] * 0])
+    with NoHostSync(), NoScalarRead():
+        batched = model.forward_chunk(xb, tb, index, ab)
+    for i in range(3):
+        assert (batched[i] - solo[i][0]).abs().max().item() <= TOL, i

@@ -48,7 +48,7 @@ def test_self_forcing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "serving it still needs: text_prompts, vae" in capsys.readouterr().out
 
 
-def test_matrix_game_directory_is_written_and_refused_by_serve(
+def test_matrix_game_directory_without_vae_and_clip_is_refused_by_serve(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "mg"
@@ -71,7 +71,7 @@ def test_matrix_game_directory_is_written_and_refused_by_serve(
         == 0
     )
     meta = json.loads((out / "worldserve.json").read_text())
-    assert meta["requires"] == ["mg_action_module", "image_conditioning", "vae", "clip_vision"]
+    assert meta["requires"] == ["vae", "clip_vision"]  # the server runs the rest (tests/web/test_mg_serve.py)
     assert meta["original"]["local_attn_size"] == 6 and meta["inference"]["denoising_step_list"] == [
         1000,
         666,
@@ -79,7 +79,7 @@ def test_matrix_game_directory_is_written_and_refused_by_serve(
     ]
     weights = load_file(str(out / "transformer" / "diffusion_pytorch_model.safetensors"))
     assert "blocks.0.action_model.t_qkv.weight" in weights and "blocks.0.attn2.norm_q.weight" in weights
-    with pytest.raises(registry.UnsupportedModelError, match="mg_action_module, image_conditioning"):
+    with pytest.raises(registry.UnsupportedModelError, match="needs vae, clip_vision"):
         registry.load_world(out)
     capsys.readouterr()
     assert main(["generate", "--model", str(out), "--out", str(tmp_path / "x.mp4")]) == 2

@@ -58,9 +58,10 @@ def test_converted_tiny_checkpoint_loads_the_action_module(variant: str) -> None
 
 
 class _ActionAdapter(torch.nn.Module):
-    """Test harness only: puts MGActionModule where CausalWanBlock calls its action module
-    (after the cross-attention residual, before the FFN). The model integration is issue 10's
-    second half; this checks the converted weights and the module's placement numerically."""
+    """Test harness only: puts the standalone MGActionModule (its own per-session cache) where
+    CausalWanBlock calls its action module (after the cross-attention residual, before the FFN):
+    an independent check of the converted weights and the placement. The served path (the
+    module inside CausalWan, K/V in the pool) is tests/models/test_mg_world.py."""
 
     def __init__(self, module: MGActionModule) -> None:
         super().__init__()

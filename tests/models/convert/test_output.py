@@ -14,4 +14,5 @@ def test_published_action_space_table() -> None:
     ]
     gta = output._matrix_game({}, "gta_drive", matrix_game.PUBLISHED["gta_drive"])
     assert gta.inference["local_attn_size"] == 4 and gta.inference["warped_timesteps"][1] == 908.8427
-    assert output.worldserve_json(gta)["requires"] == ["mg_action_module", "image_conditioning"]
+    assert output.worldserve_json(gta)["requires"] == []  # served: the action module and I2V run
+    assert gta.inference["cond_frames"] == matrix_game.COND_FRAMES
