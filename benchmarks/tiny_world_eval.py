@@ -14,14 +14,19 @@ Measures (JSON in --out/tiny_world_eval.json, plots tiny_world_psnr.png and tiny
   that cannot see off-screen could at best do with edge-copied borders);
 * player position: the magenta sprite's centroid in each generated frame vs the simulator's
   screen position; share of frames within 2 px (missing sprite = a miss);
-* motion probe: hold a key for 16 frames where the simulator walks freely; the world displacement
-  read from the model's frames vs the simulator's 16 px;
+* control probe: in 24 worlds where the simulator walks freely under each of W/A/S/D, hold each
+  key for 16 frames; the world displacement read from the model's frames vs the simulator's
+  16 px (median ratio; target >= 0.8), and whether the move shows within the first chunk;
 * wall probe: hold a key toward a nearby wall; the world displacement read from the frames
   (camera scroll + sprite motion) must stop where the simulator stops (within 2 px);
 * return probe: a*16 then d*16 comes back to the start view; PSNR of the model's frame 32 vs the
   simulator's frame 32 and vs the model's own frame 0;
-* 512-frame rollouts: no NaN in the KV cache, per-frame statistics inside the simulator's range,
-  sprite still present, PSNR by 64-frame segment.
+* 512-frame rollouts: no NaN in the KV cache, per-frame statistics inside the simulator's range
+  (target >= 98 % of frames), sprite still present, PSNR and sharpness (mean absolute horizontal
+  gradient, model / game, target within +-25 % in every segment) by 64-frame segment;
+* 600-frame rollouts (idle, held keys, random policy; 8 worlds each): exactly one player sprite
+  within 2 px of the game's (target >= 98 % of frames); idle: PSNR of frame 600 against the game's
+  (target >= 24 dB). One random-policy rollout is written as a side-by-side MP4 (game | model).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import av
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
@@ -44,7 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.actions import FrameAction
 from models.game import GameConfig, SimResult, parse_action_script, random_policy, simulate
 from models.registry import from_name
-from models.tiny_world.metrics import frame_stats, position_errors, psnr, world_displacement
+from models.tiny_world.metrics import (
+    frame_stats,
+    position_errors,
+    psnr,
+    sharpness,
+    sprite_count,
+    world_displacement,
+)
 from models.world import Conditioning, World
 from runtime.engine import Engine
 from runtime.requests import ChunkCommitted, ChunkRequest
@@ -180,34 +193,45 @@ def wall_probe(engine: Engine, model_id: str, n: int, batch: int) -> dict:
     }
 
 
-def motion_probe(engine: Engine, model_id: str, n: int, batch: int, hold: int = 16) -> dict:
-    """Hold one key for `hold` frames where the simulator walks freely with the camera following:
-    does the model's world move by the same amount (read from its frames)?"""
+def control_probe(engine: Engine, model_id: str, n_worlds: int, batch: int, hold: int = 16) -> dict:
+    """In `n_worlds` worlds where the simulator walks freely (camera following) under each of
+    W/A/S/D, hold each key for `hold` frames: how far does the model's world move (read from its
+    frames), as a share of the simulator's `hold` px, and does the move show in the first chunk?"""
     cfg = GameConfig()
-    cases: list[tuple[int, str, int, int]] = []
-    seed = EVAL_SEED_BASE + 7000
     keys = (("d", 0, 1), ("a", 0, -1), ("s", 1, 1), ("w", 1, -1))
-    while len(cases) < n:
-        key, axis, sign = keys[len(cases) % 4]
-        sim = simulate(seed, [frozenset({key})] * hold, cfg)
-        moved = (sim.player_world_pos[-1, axis] - sim.player_world_pos[0, axis]) * sign
-        if moved == hold and np.all(sim.player_pos == sim.player_pos[0]):
-            cases.append((seed, key, axis, sign))
+    worlds: list[int] = []
+    seed = EVAL_SEED_BASE + 7000
+    while len(worlds) < n_worlds:
+        free = True
+        for key, axis, sign in keys:
+            sim = simulate(seed, [frozenset({key})] * hold, cfg)
+            moved = (sim.player_world_pos[-1, axis] - sim.player_world_pos[0, axis]) * sign
+            free &= bool(moved == hold and np.all(sim.player_pos == sim.player_pos[0]))
+        if free:
+            worlds.append(seed)
         seed += 1
+    cases = [(w, k, axis, sign) for w in worlds for k, axis, sign in keys]
     scripts = [[frozenset({k})] * hold for _, k, _, _ in cases]
     frames, _ = batched(engine, model_id, [c[0] for c in cases], scripts, batch)
-    got, across = [], []
+    chunk = engine.worlds[model_id].chunk_frames
+    got, across, first = [], [], []
     for f, (_, _, axis, sign) in zip(frames, cases, strict=True):
-        got.append(world_displacement(f, axis)[-1] * sign)
+        d = world_displacement(f, axis) * sign
+        got.append(d[-1])
+        first.append(d[chunk] >= chunk / 2)  # the game moves 1 px per frame
         across.append(world_displacement(f, 1 - axis)[-1])
     got, across = np.array(got), np.array(across)
+    ratio = got / hold
     return {
         "hold_frames": hold,
+        "worlds": len(worlds),
         "cases": len(cases),
+        "median_ratio": float(np.median(ratio)),
+        "median_ratio_by_key": {k: float(np.median(ratio[[c[1] == k for c in cases]])) for k, _, _ in keys},
         "within_2px_fraction": float(np.mean(np.abs(got - hold) <= 2.0)),
         "mean_displacement_px": float(got.mean()),
-        "mean_abs_error_px": float(np.abs(got - hold).mean()),
         "mean_abs_drift_across_px": float(np.abs(across).mean()),
+        "visible_in_first_chunk_fraction": float(np.mean(first)),
     }
 
 
@@ -247,6 +271,10 @@ def long_rollouts(engine: Engine, model_id: str, seeds: Sequence[int], n_frames:
     lo, hi = sim_stats.min(axis=0), sim_stats.max(axis=0)
     tol = 8.0  # intensity levels of slack on each statistic
     inside, present, pos_ok, seg_psnr = [], [], [], []
+    segs = range(1, n_frames, 64)
+    sharp_model = np.stack([sharpness(f) for f in frames])  # (S, N+1)
+    sharp_game = np.stack([sharpness(s.frames) for s in sims])
+    sharp_ratio = [float(sharp_model[:, i : i + 64].mean() / sharp_game[:, i : i + 64].mean()) for i in segs]
     for f, sim in zip(frames, sims, strict=True):
         st = frame_stats(f)
         inside.append(np.all((st >= lo - tol) & (st <= hi + tol), axis=1))
@@ -270,8 +298,76 @@ def long_rollouts(engine: Engine, model_id: str, seeds: Sequence[int], n_frames:
         "sprite_present_fraction": float(np.concatenate(present).mean()),
         "position_within_2px_fraction": float(np.concatenate(pos_ok).mean()),
         "psnr_by_64_frame_segment": np.mean(seg_psnr, axis=0).round(2).tolist(),
+        "sharpness_ratio_by_64_frame_segment": np.round(sharp_ratio, 3).tolist(),
+        "sharpness_within_25pct": bool(all(0.75 <= r <= 1.25 for r in sharp_ratio)),
         "collapsed": bool(any(nan) or inside_all.mean() < 0.95),
     }
+
+
+def held_keys_script(n_frames: int, hold: int = 40) -> list[frozenset[str]]:
+    """d, s, a, w held `hold` frames each, round and round."""
+    order = "dsaw"
+    return [frozenset({order[(i // hold) % 4]}) for i in range(n_frames)]
+
+
+def minute_rollouts(
+    engine: Engine, model_id: str, n_seeds: int, n_frames: int, batch: int
+) -> tuple[dict, tuple]:
+    """`n_frames` under three policies (idle, held keys, random), `n_seeds` worlds each: the share
+    of frames showing exactly one player sprite within 2 px of the game's, and for idle how close
+    the last frame stays to the game's. Returns (results, (game frames, model frames) of the
+    first random-policy rollout, for the video)."""
+    seeds = [EVAL_SEED_BASE + 30000 + i for i in range(n_seeds)]
+    policies = {
+        "idle": lambda s: [frozenset()] * n_frames,
+        "held_keys": lambda s: held_keys_script(n_frames),
+        "random": lambda s: random_policy(s, n_frames),
+    }
+    out: dict = {"seeds": seeds, "frames": n_frames}
+    ok_all, video = [], None
+    for name, policy in policies.items():
+        scripts = [policy(s) for s in seeds]
+        frames, nan = batched(engine, model_id, seeds, scripts, batch)
+        sims = [simulate(s, a) for s, a in zip(seeds, scripts, strict=True)]
+        ok = []
+        for f, sim in zip(frames, sims, strict=True):
+            one = np.array([sprite_count(x) == 1 for x in f[1:]])
+            ok.append(one & (position_errors(f[1:], sim.player_pos[1:]) <= 2.0))
+        ok = np.stack(ok)  # (S, N)
+        ok_all.append(ok)
+        last = [float(psnr(f[-1], sim.frames[-1])) for f, sim in zip(frames, sims, strict=True)]
+        out[name] = {
+            "player_ok_fraction": float(ok.mean()),
+            "player_ok_by_100_frames": [float(ok[:, i : i + 100].mean()) for i in range(0, n_frames, 100)],
+            "psnr_last_frame_db": float(np.mean(last)),
+            "psnr_by_100_frames_db": [
+                float(np.mean([psnr(f[i], sim.frames[i]) for f, sim in zip(frames, sims, strict=True)]))
+                for i in range(100, n_frames + 1, 100)
+            ],
+            "nan_in_kv": any(nan),
+        }
+        if name == "random":
+            video = (sims[0].frames, frames[0])
+    out["player_ok_fraction"] = float(np.concatenate(ok_all).mean())
+    return out, video
+
+
+def side_by_side_mp4(game: np.ndarray, model: np.ndarray, path: Path, fps: int = 30, scale: int = 3) -> None:
+    """game | model, `scale`x nearest-neighbour upscaled, H.264 at `fps`."""
+    gap = 8
+    h, w = game.shape[1] * scale, game.shape[2] * scale
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = 2 * w + gap, h, "yuv420p"
+        stream.options = {"crf": "18"}
+        for g, m in zip(game, model, strict=True):
+            canvas = np.full((h, 2 * w + gap, 3), 255, dtype=np.uint8)
+            canvas[:, :w] = g.repeat(scale, 0).repeat(scale, 1)
+            canvas[:, w + gap :] = m.repeat(scale, 0).repeat(scale, 1)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(canvas, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
 
 
 # --- pictures ----------------------------------------------------------------------------------
@@ -342,7 +438,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=64, help="frames per scripted rollout")
     parser.add_argument("--long-frames", type=int, default=512, help="frames of the stability rollouts")
     parser.add_argument("--long-seeds", type=int, default=4, help="worlds of the stability rollouts")
-    parser.add_argument("--probe-cases", type=int, default=12, help="worlds per probe")
+    parser.add_argument("--probe-cases", type=int, default=12, help="worlds per wall / return probe")
+    parser.add_argument(
+        "--control-worlds", type=int, default=24, help="worlds of the control probe (x W/A/S/D)"
+    )
+    parser.add_argument(
+        "--minute-frames", type=int, default=600, help="frames of the minute rollouts (0: skip)"
+    )
+    parser.add_argument(
+        "--minute-seeds", type=int, default=8, help="worlds per policy of the minute rollouts"
+    )
     parser.add_argument("--batch", type=int, default=8, help="streams the engine batches together")
     parser.add_argument("--steps", default=None, help="override the schedule's steps, e.g. 1000,500")
     parser.add_argument("--context-noise", type=float, default=None, help="override context_noise")
@@ -403,22 +508,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps({k: results[k] for k in keys}, indent=1))
     results["wall_probe"] = wall_probe(engine, mid, args.probe_cases, args.batch)
     print("wall", results["wall_probe"]["correct_fraction"], results["wall_probe"]["mean_abs_final_error_px"])
-    results["motion_probe"] = motion_probe(engine, mid, 2 * args.probe_cases, args.batch)
-    print("motion", results["motion_probe"])
+    results["control_probe"] = control_probe(engine, mid, args.control_worlds, args.batch)
+    print("control", results["control_probe"])
     results["return_probe"] = return_probe(engine, mid, args.probe_cases, args.batch)
     print("return", {k: v for k, v in results["return_probe"].items() if k != "seeds"})
     if args.long_frames:
         long_seeds = [EVAL_SEED_BASE + 20000 + i for i in range(args.long_seeds)]
         results["long_rollout"] = long_rollouts(engine, mid, long_seeds, args.long_frames, args.batch)
         print("long", {k: v for k, v in results["long_rollout"].items() if "range" not in k})
-    results["targets"] = {
-        "psnr_1_32_ge_22db": results["psnr_db"]["1-32"] >= 22.0,
-        "position_within_2px_ge_90pct": results["position"]["within_2px_frames_1_32"] >= 0.9,
-        "no_collapse_512": (not results["long_rollout"]["collapsed"]) if args.long_frames else None,
+    tag = f"_{args.tag}" if args.tag else ""
+    if args.minute_frames:
+        results["minute_rollouts"], (game, model) = minute_rollouts(
+            engine, mid, args.minute_seeds, args.minute_frames, args.batch
+        )
+        print("minute", {k: v for k, v in results["minute_rollouts"].items() if k != "seeds"})
+        side_by_side_mp4(game, model, args.out / f"tiny_world_side_by_side{tag}.mp4")
+    long, minute = results.get("long_rollout"), results.get("minute_rollouts")
+    results["targets"] = {  # issue 11
+        "control_median_ratio_ge_0.8": results["control_probe"]["median_ratio"] >= 0.8,
+        "walls_ge_80pct": results["wall_probe"]["correct_fraction"] >= 0.8,
+        "player_ge_98pct": minute["player_ok_fraction"] >= 0.98 if minute else None,
+        "idle_frame_600_ge_24db": minute["idle"]["psnr_last_frame_db"] >= 24.0 if minute else None,
+        "sharpness_within_25pct": long["sharpness_within_25pct"] if long else None,
+        "colour_in_range_ge_98pct": long["stats_in_sim_range_fraction"] >= 0.98 if long else None,
+        "psnr_1_32_ge_21db": results["psnr_db"]["1-32"] >= 21.0,
     }
+    print("targets", results["targets"])
     results["eval_seconds"] = round(time.perf_counter() - t_start, 1)
 
-    tag = f"_{args.tag}" if args.tag else ""
     (args.out / f"tiny_world_eval{tag}.json").write_text(json.dumps(results, indent=2))
     plot_psnr(
         {

@@ -6,6 +6,8 @@
 * `scroll_offset(a, b)`: the integer camera move (dx, dy) that best maps frame a onto frame b,
   found by brute force over a small window with the player's box masked out;
 * `world_displacement(frames, axis)`: how far the player walked, from the frames alone.
+* `sprite_count(frame)`: how many separate player-coloured blobs a frame shows;
+* `sharpness(frames)`: per-frame mean absolute horizontal gradient (blur lowers it).
 """
 
 from __future__ import annotations
@@ -100,3 +102,31 @@ def world_displacement(frames: np.ndarray, axis: int) -> np.ndarray:
         disp.append(disp[-1] + cam + sprite)
         prev = c if c is not None else prev
     return np.array(disp)
+
+
+def sprite_count(frame: np.ndarray, min_pixels: int = MIN_SPRITE_PIXELS) -> int:
+    """Number of 4-connected magenta blobs of at least `min_pixels` pixels (1 for the game)."""
+    mask = magenta_mask(frame)
+    seen = np.zeros_like(mask)
+    h, w = mask.shape
+    count = 0
+    for y0, x0 in zip(*np.nonzero(mask), strict=True):
+        if seen[y0, x0]:
+            continue
+        seen[y0, x0] = True
+        stack, size = [(y0, x0)], 0
+        while stack:
+            y, x = stack.pop()
+            size += 1
+            for ny, nx in ((y - 1, x), (y + 1, x), (y, x - 1), (y, x + 1)):
+                if 0 <= ny < h and 0 <= nx < w and mask[ny, nx] and not seen[ny, nx]:
+                    seen[ny, nx] = True
+                    stack.append((ny, nx))
+        count += size >= min_pixels
+    return count
+
+
+def sharpness(frames: np.ndarray) -> np.ndarray:
+    """(N,) mean absolute horizontal gradient of each frame (N, H, W, 3), in intensity levels."""
+    f = frames.astype(np.float32)
+    return np.abs(np.diff(f, axis=2)).mean(axis=(1, 2, 3))

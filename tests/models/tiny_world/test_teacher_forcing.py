@@ -84,3 +84,41 @@ def test_schedule_helpers():
     assert lr_at(100, 100, 1.0, 10) == pytest.approx(0.05)
     s = sample_sigmas(torch.Generator().manual_seed(0), (1000,), [1.0, 0.5], 3.0, 0.5)
     assert s.min() >= 0 and s.max() <= 1 and (s == 1.0).float().mean() > 0.2
+
+
+@torch.no_grad()
+def test_self_forced_history_is_the_engines_rollout():
+    """The sf stage's history (`rollout_history`, dense forwards) is what a session would show:
+    driven with the engine's own noise, it decodes to the engine's frames."""
+    import numpy as np
+
+    from models.actions import FrameAction
+    from models.game import random_policy
+    from models.registry import from_name
+    from models.tiny_world.data import action_rows
+    from models.tiny_world.train import rollout_history
+    from models.world import Conditioning
+    from runtime.engine import Engine
+    from runtime.requests import ChunkRequest
+
+    world = from_name("tiny-world")
+    seed, n_chunks, chunk = 1_000_123, 2, world.chunk_frames
+    script = random_policy(seed, n_chunks * chunk)
+    engine = Engine({world.config.id: world}, max_batch=1)
+    frames = {0: engine.add_stream("s", world.config.id, Conditioning(seed=seed)).frame[None]}
+    for j in range(n_chunks):
+        acts = [FrameAction(frozenset(k)) for k in script[j * chunk : (j + 1) * chunk]]
+        engine.submit(ChunkRequest("s", engine.new_request_id(), actions=acts))
+    while engine.has_work():
+        for o in engine.step():
+            frames[o.frame0] = o.frames
+    served = np.concatenate([frames[k] for k in sorted(frames)])
+
+    start = world.init_state(Conditioning(seed=seed)).start_latents  # (C, 1, h, w)
+    x0 = torch.zeros(1, start.shape[0], 1 + n_chunks * chunk, *start.shape[2:])
+    x0[0, :, :1] = start
+    actions = torch.from_numpy(action_rows(script))[None, :, None]
+    noise = lambda j, k: world.noise(seed, j + 1, k, chunk)[None]  # noqa: E731 (chunk 0: the prefill)
+    lat = rollout_history(world.transformer, x0, actions, world.config.schedule, torch.Generator(), noise)
+    mine, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
+    assert np.abs(mine.numpy().astype(int) - served.astype(int)).max() <= 1

@@ -48,3 +48,21 @@ def test_train_stops_at_the_time_limit_and_resumes(tmp_path: Path, capsys):
     assert world.config.id == "tiny-world" and world.config.image_start
     state = world.init_state(Conditioning(seed=5))  # the seed's start frame, encoded
     assert state.start_latents.shape == (8, 1, 8, 8)
+
+
+def test_self_forced_stage_runs_after_the_dit_and_from_a_model_directory(tmp_path: Path, capsys):
+    first = tmp_path / "run"
+    sf_args = ["--sf-steps", "2", "--sf-batch", "1", "--sf-clip-chunks", "2"]
+    assert main(["--out", str(first), *TINY, *sf_args]) == 0
+    log = [json.loads(line) for line in (first / "train_log.jsonl").read_text().splitlines()]
+    sf = [r for r in log if r["stage"] == "sf" and "loss" in r]
+    assert [r["step"] for r in sf] == [1, 2]
+    assert all(r["history_mse"] >= 0.0 for r in sf)
+    assert load_world(first / "model").config.id == "tiny-world"
+
+    second = tmp_path / "finetune"  # a second stage from an exported model directory
+    args = ["--out", str(second), "--init-from", str(first / "model"), *TINY, "--sf-steps", "1"]
+    assert main([*args, "--sf-batch", "1", "--sf-clip-chunks", "1"]) == 0
+    log = [json.loads(line) for line in (second / "train_log.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in log if "loss" in r] == ["sf"]  # neither the AE nor the DiT retrained
+    assert "done" in capsys.readouterr().out
