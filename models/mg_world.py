@@ -20,6 +20,7 @@ from diffusers import AutoencoderKLWan
 from models.causal_wan import CausalWan, CausalWanConfig
 from models.clip_vision import CLIPVision, CLIPVisionConfig
 from models.convert import matrix_game
+from models.convert.output import served_world
 from models.i2v import ImageConditioner
 from models.vae import WanStreamingVAE
 from models.world import World, WorldConfig
@@ -33,21 +34,12 @@ def world_config(meta: dict) -> WorldConfig:
     entries of worldserve.json on top (e.g. a smaller frame size for a tiny test world)."""
     inf = meta["inference"]
     variant = meta.get("variant", "custom")
-    base = {
-        "id": f"matrix-game-2-{variant}",
-        "fps": float(inf["fps"]),
-        "width": inf["width"],
-        "height": inf["height"],
-        "schedule": {
-            "steps": inf["denoising_step_list"],
-            "shift": inf["timestep_shift"],
-            "num_train": 1000,
-            "prediction": "flow",
-        },
-        "context_noise": float(inf.get("context_noise", 0)),
-        "image_start": True,
-        "description": f"Matrix-Game 2.0 ({variant}), converted from the original checkpoint",
-    }
+    base = served_world(
+        inf,
+        f"matrix-game-2-{variant}",
+        True,
+        f"Matrix-Game 2.0 ({variant}), converted from the original checkpoint",
+    )
     return WorldConfig.from_dict(base | meta.get("world", {}))
 
 

@@ -123,14 +123,10 @@ def _transformer(kind: str, src: Path, original: dict | None) -> Converted:
     return _matrix_game(state, variant, cfg)
 
 
-def _self_forcing(state: dict, variant: str, original: dict) -> Converted:
-    mcfg = self_forcing.model_config(original)
-    inf = dict(self_forcing.INFERENCE)
-    inf |= {"local_attn_size": original["local_attn_size"], "sink_size": original["sink_size"]}
-    # frame size: the published 480x832, or `height`/`width` from --config (tiny test worlds)
-    inf |= {k: int(original[k]) for k in ("height", "width") if k in original}
-    world = {
-        "id": "self-forcing",
+def served_world(inf: dict, world_id: str, image_start: bool, description: str) -> dict:
+    """`WorldConfig` fields of a converted world from its inference record (worldserve.json)."""
+    return {
+        "id": world_id,
         "fps": float(inf["fps"]),
         "width": inf["width"],
         "height": inf["height"],
@@ -140,10 +136,24 @@ def _self_forcing(state: dict, variant: str, original: dict) -> Converted:
             "num_train": 1000,
             "prediction": "flow",
         },
-        "context_noise": 0.0,
-        "image_start": False,
-        "description": "Self-Forcing (causal Wan2.1-T2V-1.3B), converted from the original checkpoint",
+        "context_noise": float(inf.get("context_noise", 0)),
+        "image_start": image_start,
+        "description": description,
     }
+
+
+def _self_forcing(state: dict, variant: str, original: dict) -> Converted:
+    mcfg = self_forcing.model_config(original)
+    inf = dict(self_forcing.INFERENCE)
+    inf |= {"local_attn_size": original["local_attn_size"], "sink_size": original["sink_size"]}
+    # frame size: the published 480x832, or `height`/`width` from --config (tiny test worlds)
+    inf |= {k: int(original[k]) for k in ("height", "width") if k in original}
+    world = served_world(
+        inf,
+        "self-forcing",
+        False,
+        "Self-Forcing (causal Wan2.1-T2V-1.3B), converted from the original checkpoint",
+    )
     return Converted(
         family="self-forcing",
         variant=variant,
