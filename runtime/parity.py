@@ -149,8 +149,10 @@ def golden_actions(
     if keyboard.shape[1] != len(space.keys):
         raise ValueError(f"golden keyboard has {keyboard.shape[1]} columns, the model's keys {space.keys}")
     if (mouse is not None) != space.mouse:
-        raise ValueError(f"golden {'has' if mouse is not None else 'has no'} mouse rows; the model "
-                         f"{'reads' if space.mouse else 'does not read'} the mouse")
+        raise ValueError(
+            f"golden {'has' if mouse is not None else 'has no'} mouse rows; the model "
+            f"{'reads' if space.mouse else 'does not read'} the mouse"
+        )
     out = []
     for r in range(keyboard.shape[0]):
         held = frozenset(k for k, v in zip(space.keys, keyboard[r].tolist(), strict=True) if v > 0.5)
