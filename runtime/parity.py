@@ -10,8 +10,9 @@ every block's output (forward hooks), the context pass, and the final latents. `
 gives the max abs difference per stored output.
 
 The noise draws are swapped at `World.noise_batch` (the one place a served chunk's noise enters),
-and `World.denoise` / `World.context` are wrapped on the instance to record their traffic; all
-three are restored afterwards. One stream runs, so batches have one entry.
+and `World.denoise` / `World.context` are wrapped on the instance to record their traffic (an
+image-conditioned golden also swaps `World.conditioner`, below); all are restored afterwards. One
+stream runs, so batches have one entry.
 
 A family's inputs come from `INPUTS[family]`: the session's Conditioning and each chunk's
 actions, built from the golden's stored conditioning. Self-Forcing: `prompt_embeds` as the
