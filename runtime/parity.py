@@ -10,14 +10,18 @@ every block's output (forward hooks), the context pass, and the final latents. `
 gives the max abs difference per stored output.
 
 The noise draws are swapped at `World.noise_batch` (the one place a served chunk's noise enters),
-and `World.denoise` / `World.context` are wrapped on the instance to record their traffic; all
-three are restored afterwards. One stream runs, so batches have one entry.
+and `World.denoise` / `World.context` are wrapped on the instance to record their traffic (an
+image-conditioned golden also swaps `World.conditioner`, below); all are restored afterwards. One
+stream runs, so batches have one entry.
 
 A family's inputs come from `INPUTS[family]`: the session's Conditioning and each chunk's
 actions, built from the golden's stored conditioning. Self-Forcing: `prompt_embeds` as the
-session's text, no actions. A Matrix-Game entry (`cond_concat` / `visual_context` as the start
-conditioning, `keyboard` / `mouse` as per-chunk frame actions) can be added once the served model
-takes that conditioning; until then its goldens are `ParityUnsupported`.
+session's text, no actions. Matrix-Game 2.0: the world's image conditioner (CLIP tower + VAE
+encoder) is swapped for `GoldenConditioner`, which hands every session the golden's
+`cond_concat` / `visual_context` (so the start image the session sends is a placeholder), and
+the golden's video-rate `keyboard` / `mouse` rows become protocol frame actions
+(`golden_actions`), split into chunks as the served path consumes them. Other families are
+`ParityUnsupported`.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 
-from models.actions import FrameAction
+from models.actions import ActionSpace, FrameAction
+from models.convert.matrix_game import MOUSE_SCALE
 from models.world import Conditioning, World
 from runtime.engine import Engine
 from runtime.requests import ChunkCommitted, ChunkRequest
@@ -122,9 +128,61 @@ def _self_forcing_inputs(world: World, golden: Golden) -> tuple[Conditioning, li
     return cond, [[] for _ in range(golden.meta["rollout"]["chunks"])]
 
 
+class GoldenConditioner:
+    """Stands in for an I2V world's image conditioner (CLIP tower + VAE encoder): every session
+    gets the original's conditioning stored in the golden, whatever image it sends."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.latents = tensors["cond_concat"][0]  # (4 mask + C, F, h, w)
+        self.tokens = tensors["visual_context"][0]  # (L, image_dim)
+
+    def __call__(self, image: np.ndarray, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored (conditioning latents, image tokens); `image` is not read."""
+        return self.latents, self.tokens
+
+
+def golden_actions(
+    space: ActionSpace, keyboard: torch.Tensor, mouse: torch.Tensor | None = None
+) -> list[FrameAction]:
+    """The original's raw video-rate actions as protocol frames: `keyboard` (T, keys) multi-hot
+    by the space's key columns, `mouse` (T, 2) [pitch, yaw] back to (dx, dy) = (yaw, -pitch) / scale
+    (the inverse of the served mapping, models/convert/matrix_game.py `MOUSE`)."""
+    if keyboard.shape[1] != len(space.keys):
+        raise ValueError(f"golden keyboard has {keyboard.shape[1]} columns, the model's keys {space.keys}")
+    if (mouse is not None) != space.mouse:
+        raise ValueError(
+            f"golden {'has' if mouse is not None else 'has no'} mouse rows; the model "
+            f"{'reads' if space.mouse else 'does not read'} the mouse"
+        )
+    out = []
+    for r in range(keyboard.shape[0]):
+        held = frozenset(k for k, v in zip(space.keys, keyboard[r].tolist(), strict=True) if v > 0.5)
+        dxdy = (0.0, 0.0)
+        if mouse is not None:
+            pitch, yaw = mouse[r].tolist()
+            dxdy = (yaw / MOUSE_SCALE, -pitch / MOUSE_SCALE)
+        out.append(FrameAction(keys=held, mouse=dxdy))
+    return out
+
+
+def _matrix_game_inputs(world: World, golden: Golden) -> tuple[Conditioning, list[list[FrameAction]]]:
+    g = golden.tensors
+    frames = golden_actions(world.action_space, g["keyboard"][0], g["mouse"][0] if "mouse" in g else None)
+    chunks, start = [], 0
+    for c in range(golden.meta["rollout"]["chunks"]):  # chunk 1 holds 1 + 4 (n - 1) video frames
+        end = start + world.layout.video_frames(c * world.chunk_frames, world.chunk_frames)
+        if end > len(frames):
+            raise ValueError(f"golden actions hold {len(frames)} video frames, chunk {c} needs {end}")
+        chunks.append(frames[start:end])
+        start = end
+    # the image only has to be valid: GoldenConditioner supplies the conditioning
+    return Conditioning(seed=0, image=np.zeros((8, 8, 3), np.uint8)), chunks
+
+
 # family -> (world, golden) -> the session's conditioning and each chunk's frame actions
 INPUTS: dict[str, Callable[[World, Golden], tuple[Conditioning, list[list[FrameAction]]]]] = {
     "self-forcing": _self_forcing_inputs,
+    "matrix-game-2": _matrix_game_inputs,
 }
 
 
@@ -132,11 +190,22 @@ def check(world: World, golden: Golden) -> None:
     """Raise ParityUnsupported / ValueError when `world` cannot replay `golden`."""
     if golden.family not in INPUTS:
         raise ParityUnsupported(
-            f"{golden.family} goldens are not supported yet: replaying them needs their conditioning "
-            "(image latents + mask, CLIP tokens, keyboard/mouse actions) in the served model path; "
-            f"supported: {', '.join(INPUTS)}"
+            f"{golden.family} goldens are not supported: supported families: {', '.join(INPUTS)}"
         )
     roll = golden.meta["rollout"]
+    tcfg = world.transformer.cfg
+    image = "cond_concat" in golden.tensors
+    if image != bool(tcfg.image_dim):
+        raise ValueError(
+            f"the golden ({golden.family}) is {'image' if image else 'text'}-conditioned, "
+            f"model {world.config.id} is {'image' if tcfg.image_dim else 'text'}-conditioned"
+        )
+    if image and tcfg.cond_frames < roll["chunks"] * tcfg.chunk_frames:
+        # fewer kept frames would reuse the last for later chunks, not what the original read
+        raise ValueError(
+            f"the model keeps {tcfg.cond_frames} conditioning frames, the golden rollout reads "
+            f"{roll['chunks'] * tcfg.chunk_frames}"
+        )
     noise = golden.tensors["noise"]
     if world.chunk_frames != roll["num_frame_per_block"]:
         raise ValueError(
@@ -163,6 +232,7 @@ class _Recorder:
         self.label = ""  # of the forward running now
         self.base = 1  # engine chunk number of golden chunk 0 (set by `replay`)
         self.hooks: list = []
+        self.conditioner = world.conditioner  # restored on exit
 
     # -- the swapped / wrapped World methods ----------------------------------------------------
 
@@ -217,6 +287,8 @@ class _Recorder:
         w.noise_batch = self.noise_batch  # type: ignore[method-assign]
         w.denoise = lambda *a, **k: self.denoise(den, *a, **k)  # type: ignore[method-assign]
         w.context = lambda *a, **k: self.context(ctx, *a, **k)  # type: ignore[method-assign]
+        if "cond_concat" in self.golden.tensors:
+            w.conditioner = GoldenConditioner(self.golden.tensors)  # type: ignore[assignment]
         for i, blk in enumerate(w.transformer.blocks):
             self.hooks.append(blk.register_forward_hook(self._block_hook(i)))
         return self
@@ -230,6 +302,7 @@ class _Recorder:
     def __exit__(self, *exc: object) -> None:
         for name in ("noise_batch", "denoise", "context"):
             self.world.__dict__.pop(name, None)  # back to the class's methods
+        self.world.conditioner = self.conditioner
         for h in self.hooks:
             h.remove()
 

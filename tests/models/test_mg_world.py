@@ -14,6 +14,7 @@ from models.convert import matrix_game
 from models.mg_world import transformer_config, world_config
 from models.vae import WanStreamingVAE
 from models.world import Conditioning, ConditioningError, World
+from runtime import parity
 from runtime.engine import Engine
 from runtime.requests import ChunkCommitted, ChunkRequest
 from tests.fixtures.golden import GOLDEN, load_golden
@@ -31,16 +32,6 @@ TINY_VAE = {  # random weights: decoding is not part of the parity check, only i
 }
 
 
-class GoldenConditioner:
-    """Stands in for the CLIP tower + VAE encoder: the original's conditioning from the fixture."""
-
-    def __init__(self, g: dict) -> None:
-        self.g = g
-
-    def __call__(self, image: np.ndarray, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.g["cond_concat"][0], self.g["visual_context"][0]
-
-
 def golden_world(variant: str, g: dict, roll: dict) -> World:
     _w, wmeta = load_golden(f"matrix_game_{variant}_tiny")
     orig = wmeta["config"]
@@ -56,70 +47,21 @@ def golden_world(variant: str, g: dict, roll: dict) -> World:
     transformer.load_state_dict(state, strict=True)
     torch.manual_seed(0)
     decoder = WanStreamingVAE(AutoencoderKLWan(**TINY_VAE))
-    return World(world_config(meta), transformer, decoder, conditioner=GoldenConditioner(g))
-
-
-def protocol_actions(world: World, g: dict) -> list[FrameAction]:
-    """The fixture's raw (video-rate) actions as protocol frames: keys by column, mouse
-    [pitch, yaw] back to (dx, dy) = (yaw, -pitch) / scale."""
-    keys = world.action_space.keys
-    scale = matrix_game.MOUSE_SCALE
-    out = []
-    for r in range(g["keyboard"].shape[1]):
-        held = frozenset(k for k, v in zip(keys, g["keyboard"][0, r].tolist(), strict=True) if v > 0.5)
-        mouse = (0.0, 0.0)
-        if "mouse" in g:
-            pitch, yaw = g["mouse"][0, r].tolist()
-            mouse = (yaw / scale, -pitch / scale)
-        out.append(FrameAction(keys=held, mouse=mouse))
-    return out
+    return World(world_config(meta), transformer, decoder, conditioner=parity.GoldenConditioner(g))
 
 
 @pytest.mark.parametrize("variant", ["universal", "gta_drive", "templerun"])
 def test_served_world_replays_the_original_rollout(variant: str) -> None:
-    g, meta = load_golden(f"matrix_game_{variant}_rollout")
-    roll = meta["rollout"]
-    world = golden_world(variant, g, roll)
-    n = roll["num_frame_per_block"]
+    golden = parity.load_golden(GOLDEN / f"matrix_game_{variant}_rollout.safetensors")
+    world = golden_world(variant, golden.tensors, golden.meta["rollout"])
     sched = world.config.schedule
-    assert torch.allclose(torch.tensor(sched.timesteps), g["timesteps"], atol=1e-3)
-
-    def noise_batch(keys, n_frames):  # the original's noise and re-noise draws, by (chunk, step)
-        out = []
-        for _seed, chunk, step in keys:
-            c = chunk - 1
-            out.append(
-                g["noise"][0, :, c * n : (c + 1) * n] if step == 0 else g[f"renoise.c{c}.s{step - 1}"][0]
-            )
-        return torch.stack(out)
-
-    x0s: list[torch.Tensor] = []
-    denoise = world.denoise
-
-    def recording_denoise(x_t, t, index, actions):  # every step's x0, as the runner computes it
-        pred = denoise(x_t, t, index, actions)
-        x0s.append(sched.to_x0(pred, x_t, sched.sigmas[len(x0s) % len(sched.sigmas)])[0])
-        return pred
-
-    world.noise_batch = noise_batch  # type: ignore[method-assign]
-    world.denoise = recording_denoise  # type: ignore[method-assign]
-    engine = Engine({"mg": world}, max_streams=2)
-    engine.add_stream("s", "mg", Conditioning(seed=1, image=np.zeros((8, 8, 3), np.uint8)))
-    frames = protocol_actions(world, g)
-    bounds = [0, 9, 21, 33]  # chunk 1: 1 + 4*2 video frames, then 12 per chunk
-    for c in range(roll["chunks"]):
-        engine.submit(ChunkRequest("s", engine.new_request_id(), actions=frames[bounds[c] : bounds[c + 1]]))
-        outs = []
-        while not outs:
-            outs = [o for o in engine.step() if isinstance(o, ChunkCommitted)]
-    steps = len(sched.steps)
-    worst = 0.0
-    for c in range(roll["chunks"]):
-        for s in range(steps):
-            worst = max(worst, (x0s[c * steps + s] - g[f"x0.c{c}.s{s}"][0]).abs().max().item())
-    final = torch.cat([x0s[c * steps + steps - 1] for c in range(roll["chunks"])], dim=1)
-    assert worst < 1e-4, worst
-    assert (final - g["latents"][0]).abs().max().item() < 1e-4
+    assert torch.allclose(torch.tensor(sched.timesteps), golden.tensors["timesteps"], atol=1e-3)
+    # runtime/parity.py: the original's noise, conditioning and actions through a real Engine
+    result = parity.compare(golden, parity.replay(world, golden))
+    assert not result.not_produced
+    assert {"x0.c2.s0", "flow.c1.s1", "block1.c1.ctx", "latents"} <= set(result.diffs)
+    name, worst = result.worst
+    assert worst < 1e-4, (name, worst)
 
 
 def test_actions_change_the_chunk_and_prompts_are_refused() -> None:
