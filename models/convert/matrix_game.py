@@ -196,9 +196,16 @@ def key_map(original: dict) -> KeyMap:
 
 
 def resolve(state: dict[str, torch.Tensor | Shape], original: dict | None) -> tuple[str, dict]:
-    """(variant name, original config): the given config, or the published one the weights match."""
+    """(variant name, original config): the given config, or the published one the weights match.
+    A given config names its variant by "mode"; the published configs carry none, so without it
+    the variant (and with it the inference schedule) comes from the weights' action shapes."""
     if original is not None:
-        return original.get("mode", "custom"), original
+        if "mode" in original:
+            return original["mode"], original
+        try:
+            return detect_variant(state), original
+        except ConversionError:
+            return "custom", original
     variant = detect_variant(state)
     return variant, PUBLISHED[variant]
 
