@@ -11,7 +11,6 @@ never on the engine thread.
 """
 
 import asyncio
-import ipaddress
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +22,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from models.world import World
 from sessions.manager import SessionManager
 from web import metrics
-from web.admission import Admission
+from web.admission import Admission, is_loopback
 from web.app import Runtime
 from web.connection import Connection
 from web.hub import Hub, ServerConfig
@@ -98,7 +97,9 @@ class Server:
             cfg.port,
             compression=None,  # deflate costs 25-35x on video payloads
             process_request=Routes(
-                manager, cfg.static_dir, Admission(cfg.max_connections, cfg.allow_origins)
+                manager,
+                cfg.static_dir,
+                Admission(cfg.max_connections, cfg.allow_origins, loopback_hosts_only=is_loopback(cfg.host)),
             ),
             max_size=cfg.max_message * HARD_LIMIT_FACTOR,
             ping_interval=cfg.ping_interval_s,
@@ -160,18 +161,9 @@ class Server:
 
 def exposure_warning(config: ServerConfig) -> str | None:
     """The warning to log when the server listens beyond loopback with no token, else None."""
-    if config.token is not None or _loopback(config.host):
+    if config.token is not None or is_loopback(config.host):
         return None
     return (
         f"listening on {config.host or 'every interface'} without --token: anyone who can reach "
         "this port can open sessions"
     )
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name (it may resolve anywhere) or "" (every interface)
-        return False
