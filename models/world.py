@@ -62,6 +62,7 @@ class ModelSpec:
     action_space: ActionSpace  # inputs the model reads
     image_start: bool  # sessions start from an image (the seed's or the client's)
     description: str = ""
+    prompts: bool = False  # sessions may send a text prompt (open/reset/generate `prompt`)
 
 
 @dataclass
@@ -205,6 +206,7 @@ class World:
             action_space=self.action_space,
             image_start=c.image_start,
             description=c.description,
+            prompts=c.text_prompts,
         )
 
     @property

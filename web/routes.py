@@ -79,6 +79,7 @@ class Routes:
                 {
                     **info,
                     "image_start": spec.image_start,
+                    "prompts": spec.prompts,
                     "description": spec.description,
                     "default": model_id == self.manager.default_model,
                 }

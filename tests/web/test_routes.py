@@ -64,7 +64,7 @@ def test_http_routes(worlds) -> None:
                 "mouse": True,
                 "vector_dim": 2,
             }
-            assert models["tiny-image"]["image_start"]
+            assert models["tiny-image"]["image_start"] and not tiny["prompts"]
 
             status, _, body = await fetch(server.url + "/v1/protocol.json")
             schema = json.loads(body)

@@ -4,6 +4,7 @@ prompt the server cannot encode is `invalid_field` while the session goes on."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from models.world import World
 from tests.fixtures.golden import load_golden
 from tests.fixtures.golden.served import write_self_forcing_dir
 from tests.web.conftest import dial, recv, recv_until, run, send, serving
+from tests.web.test_routes import fetch
 from web import cli
 from web import messages as m
 
@@ -57,6 +59,8 @@ async def _lockstep(server, prompt: str, chunks: int) -> list[np.ndarray]:
 def test_generate_equals_lockstep_with_a_prompt_from_prompt_embeds(sf_worlds: dict[str, World]) -> None:
     async def main() -> None:
         async with serving(sf_worlds, default_model="self-forcing") as server:
+            status, _, body = await fetch(server.url + "/v1/models")
+            assert status == 200 and [x["prompts"] for x in json.loads(body)] == [True]
             ws = await dial(server)
             await send(ws, m.Generate(seed=5, prompt=PROMPT, chunks=3, codec="raw"))
             msgs = await recv_until(ws, m.Done)
