@@ -152,6 +152,12 @@ def _limit_args(serve: argparse.ArgumentParser) -> None:
         help="seconds without a client message before a session is closed; 0: never (default: %(default)s)",
     )
     serve.add_argument(
+        "--open-timeout",
+        type=float,
+        default=d.open_timeout_s,
+        help="seconds a connection without a session may wait before its open (default: %(default)s)",
+    )
+    serve.add_argument(
         "--allow-origin",
         action="append",
         default=[],
@@ -241,6 +247,7 @@ def _serve(args: argparse.Namespace) -> int:
         sessions_per_connection=args.sessions_per_connection,
         forks_per_connection=args.forks_per_connection,
         idle_timeout_s=args.idle_timeout,
+        open_timeout_s=args.open_timeout,
         allow_origins=tuple(args.allow_origin),
     )
     asyncio.run(_serve_until_signalled(Server(worlds, config)))

@@ -224,8 +224,12 @@ class Connection:
     async def _next_message(self) -> bytes | str | ProtocolError | None:
         """The next client message, reassembled from its fragments, or the fatal too_large it
         earned (over ``max_message`` bytes or MAX_FRAGMENTS frames; the rest of it is not read).
-        None after the idle timeout (never while a one-shot runs). Raises ConnectionClosed."""
-        timeout = self.hub.config.idle_timeout_s
+        None after the idle timeout (the shorter open timeout while no session is attached; never
+        while a one-shot runs). Raises ConnectionClosed."""
+        cfg = self.hub.config
+        timeout = cfg.idle_timeout_s
+        if self.session is None and cfg.open_timeout_s > 0:
+            timeout = min(timeout, cfg.open_timeout_s) if timeout > 0 else cfg.open_timeout_s
         try:
             async with asyncio.timeout(timeout if timeout > 0 and self.oneshot is None else None):
                 return await self._assemble()

@@ -33,6 +33,8 @@ class ServerConfig:
     forks_per_connection: int = 16  # forks one connection may make in all
     idle_timeout_s: float = 300.0  # no client message for this long closes a live session
     # ("idle") or a connection without one; 0 = never. A one-shot is never idle.
+    open_timeout_s: float = 10.0  # a connection with no session yet gets this long for its next
+    # message (open, generate), so idle sockets cannot hold the connection cap; 0 = the idle timeout
     allow_origins: tuple[str, ...] = ()  # websocket Origins allowed besides same-origin; "*": any
     max_batch: int = 4  # sessions per engine step
     max_message: int = 1 << 20  # bytes per client message; bigger ones get `too_large`

@@ -397,6 +397,18 @@ def test_idle_sessions_and_connections_are_closed(worlds) -> None:
     run(main())
 
 
+def test_a_connection_that_never_opens_does_not_hold_a_slot(worlds) -> None:
+    async def main():
+        async with serving(worlds, idle_timeout_s=600, open_timeout_s=0.3, max_connections=1) as server:
+            bare = await dial(server)  # never sends `open`
+            await expect_close(bare, 1000)  # long before the 600 s idle timeout
+            ws, _ = await opened(server)  # the slot is free again, and a session gets the long timeout
+            await asyncio.sleep(0.6)
+            await still_steps(ws)
+
+    run(main())
+
+
 def test_a_dropped_session_gives_way_to_a_new_client(worlds) -> None:
     async def main():
         async with serving(worlds, max_sessions=1) as server:
