@@ -257,6 +257,11 @@ def test_codec_can_be_switched_while_playing(open_page: OpenPage) -> None:
     assert s["worlds"] == 1 and s["errors"] == []
 
 
+def models_listed(page: ClientPage) -> None:
+    """Wait for the page to list /v1/models (it knows which worlds take a start image from it)."""
+    page.page.wait_for_function("() => document.getElementById('model').options.length > 0")
+
+
 def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
     """A solid-colour PNG."""
     from PIL import Image
@@ -270,6 +275,7 @@ def test_a_picked_start_image_is_sent_with_open_and_kept_by_reset(
     open_page: OpenPage, server: Server
 ) -> None:
     page = open_page("?model=tiny-image&codec=raw&seed=3")
+    models_listed(page)
     assert page.page.is_visible("#image-picker")  # tiny-image starts from an image
     colour = (200, 40, 90)
     page.page.set_input_files(
@@ -290,6 +296,7 @@ def test_a_picked_start_image_is_sent_with_open_and_kept_by_reset(
 
 def test_a_start_image_that_is_not_a_picture_is_refused_on_the_page(open_page: OpenPage) -> None:
     page = open_page("?model=tiny-image&codec=raw")
+    models_listed(page)
     sockets: list[str] = []
     page.page.on("websocket", lambda ws: sockets.append(ws.url))
     page.page.set_input_files(
@@ -304,7 +311,21 @@ def test_a_start_image_that_is_not_a_picture_is_refused_on_the_page(open_page: O
 
 def test_worlds_that_are_not_image_started_have_no_picker(open_page: OpenPage) -> None:
     page = open_page("?model=smooth")
-    page.page.wait_for_function("() => document.getElementById('model').options.length > 0")
+    models_listed(page)
     assert not page.page.is_visible("#image-picker")
     page.page.select_option("#model", "tiny-image")
     assert page.page.is_visible("#image-picker")
+
+
+@pytest.mark.parametrize(
+    ("address", "words"),
+    [("/missing.png", "could not be fetched"), ("http://example.invalid/a.png", "must be on this server")],
+)
+def test_an_image_address_that_cannot_be_used_is_reported(
+    open_page: OpenPage, address: str, words: str
+) -> None:
+    page = open_page(f"?model=tiny-image&image={address}")
+    models_listed(page)
+    page.page.click("#start")
+    s = page.wait("s.imageProblem !== null")
+    assert words in s["imageProblem"] and s["status"] == "idle", s
