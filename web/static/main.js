@@ -1,6 +1,7 @@
 // The worldserve page: controls, HUD refresh and boot around a Stream (stream.js).
 // URL parameters: model, seed, codec (h264|jpeg|raw), autostart=1, resume=TOKEN, ahead (max_ahead),
-// token (a server token), image (a same-origin start image URL for image-started worlds). window.__worldserve holds the page state, kept current, for automation.
+// token (a server token), image (a same-origin start image URL for image-started worlds).
+// window.__worldserve holds the page state, kept current, for automation.
 
 import { Hud } from "./hud.js";
 import { Input } from "./input.js";
