@@ -1,11 +1,13 @@
 // The worldserve page: controls, HUD refresh and boot around a Stream (stream.js).
 // URL parameters: model, seed, codec (h264|jpeg|raw), autostart=1, resume=TOKEN, ahead (max_ahead),
-// token (a server token). window.__worldserve holds the page state, kept current, for automation.
+// token (a server token), image (a same-origin start image URL for image-started worlds).
+// window.__worldserve holds the page state, kept current, for automation.
 
 import { Hud } from "./hud.js";
 import { Input } from "./input.js";
 import { Player } from "./player.js";
 import { CODECS } from "./protocol.js";
+import { fetchStartImage, readStartImage, StartImageError } from "./startimage.js";
 import { Stream } from "./stream.js";
 
 const ACTION_INTERVAL_MS = 50; // actions repeat at this period while keys are held or the mouse moves
@@ -52,7 +54,10 @@ const state = (window.__worldserve = {
   cancels: 0, // `cancelled` replies
   mouseSent: 0, // |dx| + |dy| sent in actions, px
   forks: [], // resume tokens of forks made here
+  startImage: null, // {name, width, height} of the start image sent with the last open, or null
+  imageProblem: null, // why the start image could not be used, or null
 });
+const models = new Map(); // model id -> its /v1/models entry
 
 const canvas = $("screen");
 const hud = new Hud($("hud"), $("banner"));
@@ -63,6 +68,7 @@ const stream = new Stream({ state, player, input, hud, onReady, onStatus });
 function onReady(msg) {
   canvas.style.aspectRatio = `${msg.model.width} / ${msg.model.height}`;
   if ($("model").value !== msg.model.id) selectModel(msg.model.id);
+  showImagePicker();
   if (msg.codec.name !== $("codec").value && !state.fallback) $("codec").value = msg.codec.name;
   $("mouse-help").hidden = !msg.model.action_space.mouse; // keyboard-only worlds: no pointer lock
 }
@@ -74,16 +80,47 @@ function onStatus(status) {
   hud.render(state);
 }
 
-function start() {
+async function start() {
+  const model = $("model").value || undefined;
+  let image;
+  try {
+    image = await startImage(models.get(model));
+  } catch (err) {
+    if (!(err instanceof StartImageError)) throw err;
+    state.imageProblem = err.message;
+    hud.say(err.message, { sticky: true });
+    hud.render(state);
+    return; // nothing is sent: the person picks another file
+  }
   $("overlay").hidden = true;
   player.start();
   stream.open({
-    model: $("model").value || undefined,
+    model,
     seed: parseSeed($("seed").value),
     codec: $("codec").value,
     maxAhead: parseInt(url.get("ahead"), 10) || DEFAULT_AHEAD,
     token: url.get("token") || undefined,
+    image,
   });
+}
+
+/** The `open.image` for `world` (its /v1/models entry): the picked file, else ?image=, else none. */
+async function startImage(world) {
+  state.imageProblem = null;
+  state.startImage = null;
+  if (!world?.image_start) return undefined; // other worlds refuse a start image
+  const file = $("start-image").files[0];
+  const source = file ?? (url.get("image") ? await fetchStartImage(url.get("image"), location) : null);
+  if (!source) return undefined; // the world's own start image, if it has one
+  const image = await readStartImage(source, world);
+  const [height, width] = image.shape;
+  state.startImage = { name: file?.name ?? url.get("image"), width, height };
+  return image;
+}
+
+/** Show the start-image picker only for worlds that start from an image. */
+function showImagePicker() {
+  $("image-picker").hidden = !models.get($("model").value)?.image_start;
 }
 
 // actions repeat while keys are held or the mouse moves; the gamepad is polled here too
@@ -123,7 +160,12 @@ button("dice", () => {
 });
 $("model").addEventListener("change", (e) => {
   e.target.blur();
+  showImagePicker();
   if (stream.live) start();
+});
+$("start-image").addEventListener("change", (e) => {
+  e.target.blur();
+  if (stream.live) start(); // reset keeps the session's image: a new picture needs a new session
 });
 $("codec").addEventListener("change", (e) => {
   e.target.blur();
@@ -162,11 +204,13 @@ async function boot() {
       const option = new Option(`${m.id}${m.default ? " (default)" : ""}`, m.id, m.default, m.default);
       option.title = m.description ?? "";
       $("model").add(option);
+      models.set(m.id, m);
     }
   } catch (err) {
     hud.say(`Could not list the worlds (${err.message}); is the server up?`, { sticky: true });
   }
   if (url.get("model")) selectModel(url.get("model"));
+  showImagePicker();
   hud.render(state);
   if (url.get("resume")) {
     player.start();

@@ -117,10 +117,11 @@ function checkFrames(msg) {
 
 /** Client message builders (docs/PROTOCOL.md, "Client -> server"). */
 export const client = {
-  open: ({ model, seed, codec = "jpeg", maxAhead, token, mode = "realtime" } = {}) => ({
+  open: ({ model, seed, codec = "jpeg", maxAhead, token, image, mode = "realtime" } = {}) => ({
     type: "open",
     model: model || undefined,
     seed: Number.isSafeInteger(seed) ? seed : undefined,
+    image: image || undefined, // a packArray map, (H, W, 3) uint8
     mode,
     codec,
     max_ahead: maxAhead || undefined,

@@ -4,6 +4,7 @@ dropped socket and decodes both H.264 (WebCodecs) and JPEG. Mirrors web/static/m
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -254,3 +255,77 @@ def test_codec_can_be_switched_while_playing(open_page: OpenPage) -> None:
     s = page.wait(f"{PLAYING} && s.codec === 'jpeg' && s.chunksShown >= {s['chunksShown'] + 3}")
     assert s["chunksShown"] == s["chunk"] and s["gaps"] == 0 and s["skipped"] == 0, s
     assert s["worlds"] == 1 and s["errors"] == []
+
+
+def models_listed(page: ClientPage) -> None:
+    """Wait for the page to list /v1/models (it knows which worlds take a start image from it)."""
+    page.page.wait_for_function("() => document.getElementById('model').options.length > 0")
+
+
+def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A solid-colour PNG."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), rgb).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_a_picked_start_image_is_sent_with_open_and_kept_by_reset(
+    open_page: OpenPage, server: Server
+) -> None:
+    page = open_page("?model=tiny-image&codec=raw&seed=3")
+    models_listed(page)
+    assert page.page.is_visible("#image-picker")  # tiny-image starts from an image
+    colour = (200, 40, 90)
+    page.page.set_input_files(
+        "#start-image", files=[{"name": "red.png", "mimeType": "image/png", "buffer": png(200, 120, colour)}]
+    )
+    page.page.click("#start")
+    s = page.wait(f"{PLAYING} && s.stillsShown >= 1")
+    # downscaled on the page to the world's frame size (tiny-image takes no other size)
+    assert s["startImage"] == {"name": "red.png", "width": 32, "height": 32}, s
+    cond = server.manager.get(s["sessionId"]).cond.image
+    assert cond is not None and cond.shape == (32, 32, 3)
+    assert (cond == np.array(colour, np.uint8)).all(), cond[0, 0]
+    page.page.click("#reset")
+    s = page.wait("s.worlds === 2")
+    assert (server.manager.get(s["sessionId"]).cond.image == np.array(colour, np.uint8)).all()
+    assert s["errors"] == [], s
+
+
+def test_a_start_image_that_is_not_a_picture_is_refused_on_the_page(open_page: OpenPage) -> None:
+    page = open_page("?model=tiny-image&codec=raw")
+    models_listed(page)
+    sockets: list[str] = []
+    page.page.on("websocket", lambda ws: sockets.append(ws.url))
+    page.page.set_input_files(
+        "#start-image", files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not a picture"}]
+    )
+    page.page.click("#start")
+    s = page.wait("s.imageProblem !== null")
+    assert "notes.txt" in s["imageProblem"] and "could not be read" in s["imageProblem"], s
+    assert page.page.is_visible("#banner") and "notes.txt" in page.page.inner_text("#banner")
+    assert s["status"] == "idle" and s["startImage"] is None and sockets == [], s
+
+
+def test_worlds_that_are_not_image_started_have_no_picker(open_page: OpenPage) -> None:
+    page = open_page("?model=smooth")
+    models_listed(page)
+    assert not page.page.is_visible("#image-picker")
+    page.page.select_option("#model", "tiny-image")
+    assert page.page.is_visible("#image-picker")
+
+
+@pytest.mark.parametrize(
+    ("address", "words"),
+    [("/missing.png", "could not be fetched"), ("http://example.invalid/a.png", "must be on this server")],
+)
+def test_an_image_address_that_cannot_be_used_is_reported(
+    open_page: OpenPage, address: str, words: str
+) -> None:
+    page = open_page(f"?model=tiny-image&image={address}")
+    models_listed(page)
+    page.page.click("#start")
+    s = page.wait("s.imageProblem !== null")
+    assert words in s["imageProblem"] and s["status"] == "idle", s
