@@ -13,28 +13,16 @@ import msgpack
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderKLWan
 from safetensors.torch import save_file
 
 from models import registry
 from models.clip_vision import CLIPVision, CLIPVisionConfig
 from tests.fixtures.golden import GOLDEN, load_golden
+from tests.fixtures.golden.served import write_tiny_vae
 from web import messages as m
 from web.cli import main
 
 from .conftest import dial, recv, run, send, serving
-
-# The converter reads the published Wan VAE only (full size; tests/models/convert/test_wan_vae.py),
-# so the tiny decoder (temporal factor 4 like Wan's) is written in the directory's layout here.
-TINY_VAE = {
-    "base_dim": 8,
-    "z_dim": 16,
-    "dim_mult": [1, 2, 4],
-    "num_res_blocks": 1,
-    "temperal_downsample": [True, True],
-    "scale_factor_temporal": 4,
-    "scale_factor_spatial": 4,
-}
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +41,7 @@ def mg_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert main([*args, "--no-progress"]) == 0
     ws = json.loads((out / "worldserve.json").read_text())
     assert ws["requires"] == ["vae"]  # nothing else is missing: the action module and I2V now run
-    (out / "vae").mkdir()
-    (out / "vae" / "config.json").write_text(json.dumps(TINY_VAE))
-    save_file(
-        AutoencoderKLWan(**TINY_VAE).state_dict(), str(out / "vae" / "diffusion_pytorch_model.safetensors")
-    )
+    write_tiny_vae(out)  # the converter takes only the published full-size Wan VAE
     ws["requires"] = []
     ws["world"] = {"id": "mg", "height": 32, "width": 48}  # a small frame (the published: 352x640)
     ws["inference"]["cond_frames"] = 4
