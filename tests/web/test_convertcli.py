@@ -20,22 +20,17 @@ def _config(tmp_path: Path, name: str) -> Path:
     return path
 
 
+def convert_self_forcing(out: Path, config: Path | None = None) -> int:
+    """`worldserve convert --from self-forcing` of the tiny golden checkpoint into `out`."""
+    args = ["convert", "--from", "self-forcing", str(GOLDEN / "self_forcing_tiny.pt")]
+    args += ["--config", str(config)] if config is not None else []
+    return main([*args, "--out", str(out), "--no-progress"])
+
+
 def test_self_forcing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sf"
     cfg = _config(tmp_path, "self_forcing_rollout")
-    rc = main(
-        [
-            "convert",
-            "--from",
-            "self-forcing",
-            str(GOLDEN / "self_forcing_tiny.pt"),
-            "--config",
-            str(cfg),
-            "--out",
-            str(out),
-            "--no-progress",
-        ]
-    )
+    rc = convert_self_forcing(out, cfg)
     assert rc == 0
     meta = json.loads((out / "worldserve.json").read_text())
     assert meta["family"] == "self-forcing" and meta["requires"] == ["text_prompts", "vae"]
@@ -88,17 +83,7 @@ def test_matrix_game_directory_without_vae_and_clip_is_refused_by_serve(
 
 def test_failure_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sf"
-    rc = main(
-        [
-            "convert",
-            "--from",
-            "self-forcing",
-            str(GOLDEN / "self_forcing_tiny.pt"),
-            "--out",
-            str(out),
-            "--no-progress",
-        ]
-    )
+    rc = convert_self_forcing(out)
     assert rc == 2
     err = capsys.readouterr().err
     assert "mis-shaped" in err and "pass --config" in err and "nothing was written" in err
@@ -110,19 +95,7 @@ def test_refuses_to_overwrite_and_names_bad_files(tmp_path: Path, capsys: pytest
     out.mkdir()
     (out / "keep").write_text("x")
     cfg = _config(tmp_path, "self_forcing_rollout")
-    rc = main(
-        [
-            "convert",
-            "--from",
-            "self-forcing",
-            str(GOLDEN / "self_forcing_tiny.pt"),
-            "--config",
-            str(cfg),
-            "--out",
-            str(out),
-            "--no-progress",
-        ]
-    )
+    rc = convert_self_forcing(out, cfg)
     assert rc == 2 and "not an empty directory" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["keep"]
     junk = tmp_path / "junk.pt"
