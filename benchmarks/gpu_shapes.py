@@ -13,6 +13,8 @@ Runs, in priority order until `--budget-s` is spent (each row is written as soon
   bucket) vs CUDA graphs (`mode="reduce-overhead"`), Wan VAE vs the TAEHV decoder;
 * `overlap`: the bare batched loop with each chunk's decode on a second CUDA stream while the
   next chunk denoises, against the same loop serial (what item 6's pipelining would buy);
+* `engine_overlap`: the same through the Engine with every chunk queued up front (realtime and
+  generate streams keep chunks queued), `pipeline=False` vs `True` (the served `--overlap-decode`);
 * `forward`: the bare chunk forward per batch size (ms), eager and compiled;
 * `attention`: one layer's pool self-attention, masked 4-D SDPA vs FlexAttention
   (benchmarks/attention.py), at the full shapes.
@@ -114,25 +116,37 @@ def compile_world(world: World, mode: str, buckets: tuple[int, ...]) -> None:
         world.compile(buckets, mode=None if MODES[mode] == "default" else MODES[mode])
 
 
-def engine_run(world: World, sessions: int, chunks: int) -> dict:
-    """N lockstep sessions through a bare Engine: stage ms (runner's CUDA events), frames/s."""
-    engine = Engine({world.config.id: world}, max_batch=sessions, max_streams=max(8, sessions))
+def engine_run(
+    world: World, sessions: int, chunks: int, pipeline: bool | None = None, queued: bool = False
+) -> dict:
+    """N sessions through a bare Engine: stage ms (runner's CUDA events), frames/s. Lockstep (one
+    chunk per session at a time) or, `queued`, every measured chunk submitted up front."""
+    engine = Engine(
+        {world.config.id: world}, max_batch=sessions, max_streams=max(8, sessions), pipeline=pipeline
+    )
     for i in range(sessions):
         engine.add_stream(f"s{i}", world.config.id, Conditioning(seed=i))
     per_chunk: list[dict] = []
     frames, t_start = 0, 0.0
-    for c in range(chunks + 2):  # two warm-up chunks (compile / graph capture, first-chunk shape)
-        if c == 2:
-            sync(world.device)
-            t_start, frames = time.perf_counter(), 0
-        for i in range(sessions):
-            engine.submit(ChunkRequest(f"s{i}", engine.new_request_id()))
+
+    def drain(measured: bool) -> None:
+        nonlocal frames
         while engine.has_work():
             for o in engine.step():
                 assert isinstance(o, ChunkCommitted), o
-                if c >= 2:
+                if measured:
                     per_chunk.append(o.timings.as_dict())
                     frames += o.frames.shape[0]
+
+    rounds = [1] * (chunks + 2) if not queued else [1, 1, chunks]
+    for c, n in enumerate(rounds):  # two warm-up chunks (compile / graph capture, first-chunk shape)
+        if c == 2:
+            sync(world.device)
+            t_start, frames = time.perf_counter(), 0
+        for _ in range(n):
+            for i in range(sessions):
+                engine.submit(ChunkRequest(f"s{i}", engine.new_request_id()))
+        drain(c >= 2)
     sync(world.device)
     elapsed = time.perf_counter() - t_start
     for i in range(sessions):
@@ -250,6 +264,8 @@ def plan(tiny: bool) -> list[tuple]:
         ("forward", "mg", "graphs", None, 8),
         ("overlap", "mg", "graphs", "wan", 1),
         ("overlap", "mg", "graphs", "taehv", 8),
+        ("engine_overlap", "mg", "graphs", "wan", 1),
+        ("engine_overlap", "mg", "graphs", "taehv", 8),
         ("engine", "sf", "eager", "wan", 1),
         ("engine", "sf", "graphs", "wan", 1),
         ("engine", "sf", "graphs", "taehv", 1),
@@ -262,6 +278,7 @@ def plan(tiny: bool) -> list[tuple]:
     ]
     if tiny:  # on a CPU: no CUDA graphs, no second stream; inductor compiles slowly
         runs = [r for r in runs if r[0] != "overlap" and r[2] != "graphs"]
+        runs += [("engine_overlap", "mg", "eager", "taehv", 2)]
         runs = [r for r in runs if not (r[2] == "compiled" and r[4] == 8)]
     return runs
 
@@ -331,6 +348,9 @@ def main() -> None:
                     serial = bare_loop(pair[decoder], n, args.chunks, overlap=False)
                     piped = bare_loop(pair[decoder], n, args.chunks, overlap=True)
                     row |= {"fps_serial": round(serial, 2), "fps_decode_on_side_stream": round(piped, 2)}
+                elif kind == "engine_overlap":
+                    for name, on in (("serial", False), ("pipelined", True)):
+                        row[name] = engine_run(pair[decoder], n, args.chunks, pipeline=on, queued=True)
                 else:
                     row["forward_ms"] = round(forward_ms(pair["wan"], n, reps=5), 2)
             w = pair["wan"]

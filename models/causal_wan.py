@@ -14,8 +14,8 @@ Two forwards share every block, which calls one pluggable attention (models/kv_p
 
 * `forward_chunk` runs one chunk of new latent frames for every entry of a batch against the
   model's static K/V pool (`setup_caches`). Each entry writes its chunk's K/V into scratch slots
-  of its session's row (`ChunkIndex.write`) and attends, under a mask, over the row's slot prefix
-  `[0, n_valid)`: committed frames plus the chunk itself. Committed slots are only ever read;
+  of its session's row (`ChunkIndex.write`) and attends, under a per-slot mask (`ChunkIndex.valid`),
+  over the frames before it in its window plus the chunk itself. Committed slots are only ever read;
   whether the scratch becomes history is the caller's decision. One batched call per layer, shapes
   that depend on the batch size only (torch.compile / CUDA graphs), no host sync.
 * `forward_dense` runs whole clips with one timestep per frame under a frame-level attention
@@ -147,12 +147,15 @@ class CausalWanConfig:
         """Text K/V slots of a pool row: the longest prompt a session may bring."""
         return max(self.max_text_len, self.null_text_len)
 
-    def kv_bytes(self, tokens_per_frame: int, itemsize: int, text_tokens: int | None = None) -> int:
+    def kv_bytes(
+        self, tokens_per_frame: int, itemsize: int, text_tokens: int | None = None, slack_frames: int = 0
+    ) -> int:
         """Bytes of one session's row of the K/V pool (`KVPool.row_nbytes`): every layer's K and V
-        over (sink + window) frames, its text K/V (`text_tokens`, default `self.text_tokens`), plus the
-        action module's temporal K/V (`ActionConfig.kv_sets`) and the per-row extras (I2V
-        conditioning latents, the Matrix-Game raw action ring; `row_extras`)."""
-        slots = (self.sink_frames + self.window_frames) * tokens_per_frame
+        over (sink + window + slack) frames, its text K/V (`text_tokens`, default
+        `self.text_tokens`), plus the action module's temporal K/V (`ActionConfig.kv_sets`) and
+        the per-row extras (I2V conditioning latents, the Matrix-Game raw action ring;
+        `row_extras`)."""
+        slots = (self.sink_frames + self.window_frames + slack_frames) * tokens_per_frame
         text = self.text_tokens if text_tokens is None else text_tokens
         total = self.num_layers * (slots + text) * self.dim * 2 * itemsize
         a = self.action
@@ -160,24 +163,25 @@ class CausalWanConfig:
             layers = min(a.blocks, self.num_layers)
             total += a.kv_sets * layers * slots * a.kv_width * 2 * itemsize
         ph, pw = self.patch_size[1:]
-        for shape in self.row_extras(tokens_per_frame * ph * pw).values():
+        for shape in self.row_extras(tokens_per_frame * ph * pw, slack_frames).values():
             total += math.prod(shape) * itemsize
         return total
 
-    def row_extras(self, latent_pixels: int) -> dict[str, tuple[int, ...]]:
+    def row_extras(self, latent_pixels: int, slack_frames: int = 0) -> dict[str, tuple[int, ...]]:
         """Per-row pool tensors besides K/V (`KVPool` extras) for latents of `latent_pixels` = h*w:
         the I2V conditioning (channels, cond_frames, h*w), the Matrix-Game raw action ring and its
-        keyboard K/V (action layers, frame slots, heads, 64)."""
+        keyboard K/V (action layers, frame slots, heads, 64). `slack_frames` latent frames of room
+        for a second chunk in flight (runtime/kv_cache.py)."""
         out: dict[str, tuple[int, ...]] = {}
         if self.in_channels > self.out_channels:
             out["cond"] = (self.in_channels - self.out_channels, max(self.cond_frames, 1), latent_pixels)
         a = self.action
         if a is not None and a.kind == "matrix-game":
             mg = a.mg
-            ring = mg.vae_time_compression_ratio * (self.chunk_frames + mg.windows_size)
+            ring = mg.vae_time_compression_ratio * (self.chunk_frames + mg.windows_size + slack_frames)
             out["act_ring"] = (ring, mg.keyboard_dim_in + mg.mouse_dim_in)
             if mg.enable_keyboard:
-                frames = self.sink_frames + self.window_frames
+                frames = self.sink_frames + self.window_frames + slack_frames
                 kv = (min(a.blocks, self.num_layers), frames, mg.heads_num, 64)
                 out["kb_k"], out["kb_v"] = kv, kv
         return out
@@ -535,12 +539,14 @@ class CausalWan(nn.Module):
         text_tokens: int | None = None,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        slack_frames: int = 0,
     ) -> KVPool:
         """Preallocate the K/V pool: `max_sessions` rows at latent size (h, w), each with (sink +
-        window) frame slots and `text_tokens` (default `cfg.text_tokens`) text K/V slots."""
+        window + `slack_frames`) frame slots and `text_tokens` (default `cfg.text_tokens`) text
+        K/V slots. Slack is room for a second chunk in flight (runtime/kv_cache.py)."""
         cfg = self.cfg
         p = next(self.parameters())
-        capacity = (cfg.sink_frames + cfg.window_frames) * self.tokens_per_frame(h, w)
+        capacity = (cfg.sink_frames + cfg.window_frames + slack_frames) * self.tokens_per_frame(h, w)
         motion = self._motion_heads
         a_heads, a_hd = motion if motion else (1, 1)
         self.pool = KVPool(
@@ -555,7 +561,7 @@ class CausalWan(nn.Module):
             a_hd,
             dtype=dtype or p.dtype,
             device=device or p.device,
-            extras=cfg.row_extras(h * w),
+            extras=cfg.row_extras(h * w, slack_frames),
         )
         return self.pool
 
@@ -648,7 +654,7 @@ class CausalWan(nn.Module):
         """One chunk per batch entry: x (B, C, n, H, W) at timesteps t (B,) -> prediction (B, C, n, H, W).
 
         Writes the chunk's K/V into each entry's pool row at `index.write` and attends over the
-        row's slots [0, n_valid). `actions` (B, n, frames_per_latent, width) or None. An I2V
+        row's slots marked in `index.valid`. `actions` (B, n, frames_per_latent, width) or None. An I2V
         model takes x with its out_channels noise channels and appends each row's conditioning
         frames (`set_image_cond`); x with all in_channels is used as given. With
         `need_output=False` (the clean context pass) the output head is skipped. Shapes depend

@@ -6,13 +6,13 @@ layer, K/V for a fixed number of session *rows* (plus one padding row), each row
 is a `ChunkIndex` of small tensors the runtime computes once per step (runtime/kv_cache.py).
 Text K/V (cross-attention) and the action module's temporal K/V live in the same pool.
 
-Every batch entry reads its row's whole slot range under a mask (slot < n_valid), so the shapes
+Every batch entry reads its row's whole slot range under a per-slot mask (`ChunkIndex.valid`), so the shapes
 of one step depend only on the batch size, never on how full a window is: one graph for
 `torch.compile` / CUDA graphs per batch bucket. Padding entries point at the padding row.
 
 Row layout along the token axis (frames of `tokens_per_frame` tokens each)::
 
-    [ sink frames 0..S-1 | ring of W frame slots ]
+    [ sink frames 0..S-1 | ring of R frame slots ]   (R = window + slack; runtime/kv_cache.py)
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class ChunkIndex:
 
     rows: torch.Tensor  # (B,) int64 pool row of each entry; padding entries use the pool's pad row
     write: torch.Tensor  # (B, n * tokens_per_frame) int64 token slots (within the row) of the chunk
-    n_valid: torch.Tensor  # (B,) int64 tokens attended: the slot prefix [0, n_valid)
+    valid: torch.Tensor  # (B, frame slots) bool: the frame slots the entry attends to (its chunk's included)
     frame_offset: torch.Tensor  # (B,) int64 absolute latent frame of the chunk's first frame (RoPE)
 
 
@@ -128,6 +128,14 @@ class KVPool(nn.Module):
         self.text_len[dst] = self.text_len[src]
 
     @torch.no_grad()
+    def scrub_row(self, row: int) -> None:
+        """Zero every non-finite value of row `row`. Masked slots still meet the values in SDPA's
+        products, so a rolled-back chunk's NaN K/V must not linger where no write will hit them
+        before they are read (the slack of a pipelined ring)."""
+        for b in self._buffers_of_rows():
+            torch.nan_to_num_(b[:, row], nan=0.0, posinf=0.0, neginf=0.0)
+
+    @torch.no_grad()
     def copy_rows_from(self, other: KVPool) -> None:
         """Take over the session rows of a smaller pool of the same shape (growing a pool)."""
         n = other.rows
@@ -174,14 +182,12 @@ class PoolAttention:
         self.rope = rope  # (B, L, 1, head_dim) cos, sin
         self.motion_rope = motion_rope  # (B, L, 1, action head_dim) cos, sin; one position per frame
         rows, dev = index.rows, index.rows.device
-        slot = torch.arange(pool.capacity, device=dev)
-        self.self_mask = (slot[None] < index.n_valid[:, None])[:, None, None, :]  # (B, 1, 1, cap)
+        t = tokens_per_frame
+        self.self_mask = index.valid.repeat_interleave(t, dim=1)[:, None, None, :]  # (B, 1, 1, cap)
         tslot = torch.arange(pool.text_tokens, device=dev)
         text_len = pool.text_len.index_select(0, rows)
         self.text_mask = (tslot[None] < text_len[:, None])[:, None, None, :]  # (B, 1, 1, text)
-        t = tokens_per_frame
-        fslot = torch.arange(pool.capacity // t, device=dev)
-        fmask = (fslot[None] < (index.n_valid // t)[:, None])[:, None, None, :]  # (B, 1, 1, frames)
+        fmask = index.valid[:, None, None, :]  # (B, 1, 1, frames)
         self.frame_mask = fmask  # (B, 1, 1, frames)
         self.motion_mask = fmask.repeat_interleave(t, dim=0)  # (B*T, 1, 1, frames)
         self._put = (rows[:, None], index.write)

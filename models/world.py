@@ -218,20 +218,33 @@ class World:
     def kv_bytes_per_session(self) -> int:
         """Device bytes of one session's pool row (see `CausalWanConfig.kv_bytes`)."""
         itemsize = torch.empty(0, dtype=self.dtype).element_size()
-        return self.transformer.cfg.kv_bytes(self.tokens_per_frame, itemsize)
+        return self.transformer.cfg.kv_bytes(self.tokens_per_frame, itemsize, slack_frames=self.slack_frames)
 
     # -- the K/V pool ---------------------------------------------------------------------------
 
-    def setup(self, max_sessions: int) -> None:
+    def setup(self, max_sessions: int, slack_frames: int = 0) -> None:
         """Make the static K/V pool hold at least `max_sessions` rows (the runtime's stream
-        budget). Growing copies every row, so live states keep their rows and contents."""
+        budget) with `slack_frames` extra ring slots per row (room for a second chunk in flight:
+        the pipelined decode, runtime/kv_cache.py). Growing copies every row, so live states keep
+        their rows and contents; the slack can change only while no state holds a row."""
         pool = self.transformer.pool
-        if pool is not None and pool.rows >= max_sessions:
+        same_slack = pool is None or slack_frames == self.slack_frames
+        if pool is not None and pool.rows >= max_sessions and same_slack:
             return
+        if not same_slack and pool is not None and pool.owner:
+            raise ValueError(
+                f"{self.config.id}: the K/V pool's slack cannot change while "
+                f"{len(pool.owner)} sessions hold rows"
+            )
         _, h, w = self.latent_shape
-        new = self.transformer.setup_caches(max_sessions, h, w, dtype=self.dtype, device=self.device)
-        if pool is not None:
+        rows = max(max_sessions, pool.rows if pool is not None else 0)
+        new = self.transformer.setup_caches(
+            rows, h, w, dtype=self.dtype, device=self.device, slack_frames=slack_frames
+        )
+        if pool is not None and same_slack:
             new.copy_rows_from(pool)
+        elif pool is not None:
+            new.leases = pool.leases  # leases stay unique across the rebuild
         if self.buckets is not None:
             self._mark_pool_static()
 
@@ -243,6 +256,15 @@ class World:
         if pool is not None:
             for buf in pool.buffers():
                 dynamo.mark_static_address(buf)
+
+    @property
+    def slack_frames(self) -> int:
+        """Ring slots per pool row beyond the model's window (0 before `setup`)."""
+        pool = self.transformer.pool
+        if pool is None:
+            return 0
+        cfg = self.transformer.cfg
+        return pool.capacity // self.tokens_per_frame - cfg.sink_frames - cfg.window_frames
 
     @property
     def max_sessions(self) -> int:
@@ -285,6 +307,10 @@ class World:
         owner = self.transformer._pool().owner
         if owner.get(row) == lease:  # a stale lease never frees a row someone else now holds
             del owner[row]
+
+    def scrub_state(self, state: WorldState) -> None:
+        """Clear non-finite values a rolled-back chunk left in the state's pool row."""
+        self.transformer._pool().scrub_row(state.row)
 
     def release_state(self, state: WorldState) -> None:
         """Give a state's pool row back (the state must not run again). Idempotent."""

@@ -73,8 +73,14 @@ class Engine:
         max_queued_per_stream: int = 8,
         boundary_hook: BoundaryHook | None = None,
         scheduler: Scheduler | None = None,
+        pipeline: bool | None = None,
     ) -> None:
+        """`pipeline`: decode each batch on a side stream while the next batch denoises (see
+        runtime/runner.py); None (the default) turns it on when a world runs on CUDA."""
         self.worlds = worlds
+        if pipeline is None:
+            pipeline = any(w.device.type == "cuda" for w in worlds.values())
+        self.pipeline = pipeline
         self._lock = threading.Lock()  # guards _live and _aborted (touched from other threads)
         self._live: set[int] = set()  # request ids handed out and not yet resolved or forgotten
         self._aborted: set[int] = set()  # subset of _live to cancel
@@ -83,9 +89,9 @@ class Engine:
             if world.buckets is not None and max_batch > world.buckets[-1]:
                 raise ValueError(f"max_batch {max_batch} exceeds {name}'s largest compiled bucket")
             # One K/V pool row per stream the budget admits, plus one so a reset can build the
-            # new world before it lets go of the old one.
-            world.setup(max_streams + 1)
-        self.runner = Runner(worlds, self.is_aborted, boundary_hook)
+            # new world before it lets go of the old one; pipelined, a chunk of ring slack.
+            world.setup(max_streams + 1, slack_frames=world.chunk_frames if pipeline else 0)
+        self.runner = Runner(worlds, self.is_aborted, boundary_hook, pipeline=pipeline)
         self.scheduler = scheduler or FifoScheduler(self._shape_of, max_batch)
         self.budget = KVBudget(max_streams, max_kv_bytes)
         self.max_queued = max_queued_per_stream
@@ -157,6 +163,7 @@ class Engine:
     def fork_stream(self, src_id: str, dst_id: str) -> StreamInfo:
         """A new stream holding a copy of `src_id`'s committed world."""
         src = self._stream(src_id)
+        self._settle()
         world = self._world(src.model_id)
         self._reserve(dst_id, world)
         try:
@@ -170,6 +177,7 @@ class Engine:
         """A fresh world in the same stream; queued chunks are cancelled (outcomes in the next step).
         If the new world cannot be built, the old one stays and the error is raised."""
         self._stream(stream_id)
+        self._settle()
         self._side_outcomes += self._drop({r.request_id for r in self.scheduler.pending(stream_id)})
         frame = self.runner.reset(stream_id, cond)
         return replace(self.info(stream_id), frame=frame)
@@ -178,11 +186,19 @@ class Engine:
         """End a stream: queued chunks are cancelled (outcomes in the next step) and its device
         state is freed before its budget is (runs between steps, so no batch holds it)."""
         self._stream(stream_id)
+        self._settle()
         numbers = self._queued_chunk_numbers(stream_id)
         dropped = self.scheduler.finish_stream(stream_id)
         self.runner.remove(stream_id)
         self._side_outcomes += [self._cancelled(r, numbers[r.request_id]) for r in dropped]
         self._release(stream_id)
+
+    def _settle(self) -> None:
+        """Finish a decode still in flight, so control calls see a committed world (outcomes go
+        out with the next step)."""
+        if self.runner.busy:
+            self._side_outcomes += self._finish(self.runner.execute(StepPlan.make_empty()))
+            self._side_outcomes += self._finish(self.runner.decode())
 
     def _release(self, stream_id: str) -> None:
         self.budget.free(stream_id)
@@ -208,7 +224,8 @@ class Engine:
         """Video frames of the stream's next chunk once everything queued before it has committed."""
         stream = self._stream(stream_id)
         world = self.worlds[stream.model_id]
-        latent = stream.state.frames + self.scheduler.queued(stream_id) * world.chunk_frames
+        ahead = self.scheduler.queued(stream_id) + self.runner.in_flight(stream_id)
+        latent = stream.state.frames + ahead * world.chunk_frames
         return world.layout.video_frames(latent, world.chunk_frames)
 
     # -- chunks ---------------------------------------------------------------------------------
@@ -232,7 +249,8 @@ class Engine:
                 raise ValueError(f"request id {rid} was not handed out by new_request_id() or is finished")
             aborted = rid in self._aborted
         if aborted:
-            chunk = stream.state.chunks + 1 + self.scheduler.queued(request.stream_id)
+            sid = request.stream_id
+            chunk = stream.state.chunks + 1 + self.runner.in_flight(sid) + self.scheduler.queued(sid)
             self._side_outcomes.append(self._cancelled(request, chunk))
             return
         request.submitted_at = request.submitted_at or time.perf_counter()
@@ -251,18 +269,19 @@ class Engine:
 
     def has_work(self) -> bool:
         """Whether `step()` would do anything."""
-        return self.scheduler.has_unfinished() or bool(self._side_outcomes)
+        return self.scheduler.has_unfinished() or bool(self._side_outcomes) or self.runner.busy
 
     def step(self) -> list[Outcome]:
-        """Schedule one batch, run it, commit what survived; return every outcome produced."""
+        """Schedule one batch, run it, commit what survived; return every outcome produced.
+        Pipelined, a batch's chunks commit in the step after the one that computed them."""
         outcomes, self._side_outcomes = self._side_outcomes, []
         outcomes += self._process_aborts()
         plan = self.scheduler.schedule()
-        if plan.is_empty:
+        if plan.is_empty and not self.runner.busy:
             return outcomes
-        out = self.runner.execute(plan)
+        outcomes += self._finish(self.runner.execute(plan))
         outcomes += self._process_aborts()  # requests cancelled while the batch ran
-        outcomes += self._finish(plan, out)
+        outcomes += self._finish(self.runner.decode())
         self.scheduler.update_from_output(plan)
         if plan.chunks:
             metrics.BATCH_SIZE.observe(len(plan.chunks))
@@ -275,7 +294,7 @@ class Engine:
 
     def _queued_chunk_numbers(self, stream_id: str) -> dict[int, int]:
         """Request id -> the chunk number it would commit as, for the stream's queue in order."""
-        base = self.runner.streams[stream_id].state.chunks + 1
+        base = self.runner.streams[stream_id].state.chunks + 1 + self.runner.in_flight(stream_id)
         return {r.request_id: base + i for i, r in enumerate(self.scheduler.pending(stream_id))}
 
     def _drop(self, request_ids: set[int]) -> list[Outcome]:
@@ -285,9 +304,8 @@ class Engine:
             numbers |= self._queued_chunk_numbers(sid)
         return [self._cancelled(r, numbers[r.request_id]) for r in self.scheduler.abort_requests(request_ids)]
 
-    def _finish(self, plan: StepPlan, out: RunnerOutput) -> list[Outcome]:
+    def _finish(self, out: RunnerOutput) -> list[Outcome]:
         outcomes: list[Outcome] = []
-        model = plan.model_id
         for txn in out.staged:
             if self.is_aborted(txn.request.request_id):
                 txn.rollback()
@@ -296,17 +314,17 @@ class Engine:
             done: ChunkCommitted = txn.commit()
             for stage, ms in done.timings.as_dict().items():
                 metrics.CHUNK_STAGE_MS.labels(stage).observe(ms)
-            metrics.CHUNKS.labels(model, "committed").inc()
+            metrics.CHUNKS.labels(txn.stream.model_id, "committed").inc()
             outcomes.append(done)
             self._resolved(done.request_id)
         for txn in out.cancelled:
-            metrics.CHUNKS.labels(model, "cancelled").inc()
+            metrics.CHUNKS.labels(txn.stream.model_id, "cancelled").inc()
             outcomes.append(
                 ChunkCancelled(txn.request.request_id, txn.stream.stream_id, txn.chunk, started=True)
             )
             self._resolved(txn.request.request_id)
         for txn, message in out.failed:
-            metrics.CHUNKS.labels(model, "failed").inc()
+            metrics.CHUNKS.labels(txn.stream.model_id, "failed").inc()
             outcomes.append(ChunkFailed(txn.request.request_id, txn.stream.stream_id, txn.chunk, message))
             self._resolved(txn.request.request_id)
         return outcomes

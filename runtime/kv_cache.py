@@ -6,18 +6,20 @@ This module is host-side arithmetic: it turns (row, committed length) pairs into
 memory on CUDA, non-blocking). A session's row has S sink slots and a ring of W slots, each slot
 one latent frame of `tokens_per_frame` tokens::
 
-    slot:   0 .. S-1        S .. S+W-1
-          [ sinks (f < S) | ring: frame f >= S in slot S + (f - S) % W ]
+    slot:   0 .. S-1        S .. S+R-1                         R = W + slack
+          [ sinks (f < S) | ring: frame f >= S in slot S + (f - S) % R ]
 
-With L committed frames, a chunk of n new frames (f = L .. L+n-1) writes its K/V into the slots
-of those frames (scratch) and attends to the slot prefix [0, min(L + n, S + W)):
+With L frames before it, a chunk of n new frames (f = L .. L+n-1) writes its K/V into the slots
+of those frames (scratch) and attends, under a per-slot mask (`valid_frames`), to the sinks, the
+W - n most recent frames before it and itself. Attention is order-free once RoPE has been
+applied, so ring order never matters.
 
-* while L + n <= S + W the slots fill in frame order, so the prefix is exactly frames [0, L+n);
-* after that every slot is live: the sinks, the W - n most recent committed frames, the chunk.
-
-The slots a chunk overwrites held frames older than the window, which no later chunk reads, so
-a rollback needs no undo and a commit is just `L += n` (eviction is implicit, sinks stay).
-Attention is order-free once RoPE has been applied, so ring order never matters.
+The slots a chunk overwrites held frames older than its window. Without slack (R = W) those are
+frames no later chunk reads, so a rollback needs no undo and a commit is just `L += n`. With a
+pipelined decode a chunk runs on top of its predecessor's *uncommitted* scratch; should the
+predecessor roll back, its retry reads the n frames the successor's writes would have hit in a
+ring of W. `slack` = n extra ring slots keep those frames intact: two chunks of a stream may be
+in flight and a rollback of both still needs no undo.
 """
 
 from __future__ import annotations
@@ -35,18 +37,24 @@ class KVLayout:
     """Slot arithmetic for one model's caches."""
 
     sink_frames: int  # S: first frames kept forever
-    window_frames: int  # W: ring slots (the local span, the current chunk included)
+    window_frames: int  # W: the local span in frames, the current chunk included
     tokens_per_frame: int  # tokens in one latent frame
+    slack_frames: int = 0  # ring slots beyond W: room for a second chunk in flight (pipelined decode)
+
+    @property
+    def ring_frames(self) -> int:
+        """R: frame slots of the ring."""
+        return self.window_frames + self.slack_frames
 
     @property
     def capacity_frames(self) -> int:
         """Frame slots per session."""
-        return self.sink_frames + self.window_frames
+        return self.sink_frames + self.ring_frames
 
     def slot_of(self, frame: int) -> int:
         """Slot index of absolute latent frame `frame`."""
         s = self.sink_frames
-        return frame if frame < s else s + (frame - s) % self.window_frames
+        return frame if frame < s else s + (frame - s) % self.ring_frames
 
     def attended(self, committed: int, n_new: int) -> list[int]:
         """Absolute committed frames a chunk of `n_new` frames after `committed` frames attends to."""
@@ -61,13 +69,17 @@ class KVLayout:
             raise ValueError(f"a chunk of {n_new} frames does not fit a window of {self.window_frames}")
         frames = np.arange(committed, committed + n_new)
         s = self.sink_frames
-        frame_slots = np.where(frames < s, frames, s + (frames - s) % self.window_frames)
+        frame_slots = np.where(frames < s, frames, s + (frames - s) % self.ring_frames)
         t = self.tokens_per_frame
         return (frame_slots[:, None] * t + np.arange(t)[None, :]).reshape(-1)
 
-    def n_valid(self, committed: int, n_new: int) -> int:
-        """Tokens a chunk attends to: the slot prefix [0, n_valid) (committed frames + the chunk)."""
-        return min(committed + n_new, self.capacity_frames) * self.tokens_per_frame
+    def valid_frames(self, committed: int, n_new: int) -> np.ndarray:
+        """(capacity_frames,) bool: the frame slots a chunk of `n_new` frames after `committed`
+        attends to (the attended frames and the chunk itself)."""
+        frames = [*self.attended(committed, n_new), *range(committed, committed + n_new)]
+        valid = np.zeros(self.capacity_frames, dtype=bool)
+        valid[[self.slot_of(f) for f in frames]] = True
+        return valid
 
     def index(
         self,
@@ -88,20 +100,24 @@ class KVLayout:
         if b < len(rows):
             raise ValueError(f"{len(rows)} entries do not fit a bucket of {b}")
         nt = n_new * self.tokens_per_frame
+        f = self.capacity_frames
         device = torch.device(device)
-        host = torch.empty((b, 3 + nt), dtype=torch.long, pin_memory=device.type == "cuda")
+        host = torch.empty((b, 2 + nt + f), dtype=torch.long, pin_memory=device.type == "cuda")
         buf = host.numpy()
         buf[:, 0] = pad_row
-        buf[:, 1] = self.n_valid(0, n_new)
-        buf[:, 2] = 0
-        buf[:, 3:] = self.write_slots(0, n_new)
+        buf[:, 1] = 0
+        buf[:, 2 : 2 + nt] = self.write_slots(0, n_new)
+        buf[:, 2 + nt :] = self.valid_frames(0, n_new)
         for i, (row, done) in enumerate(zip(rows, committed, strict=True)):
             if row is None:
                 continue
-            buf[i, :3] = (row, self.n_valid(done, n_new), done)
-            buf[i, 3:] = self.write_slots(done, n_new)
+            buf[i, :2] = (row, done)
+            buf[i, 2 : 2 + nt] = self.write_slots(done, n_new)
+            buf[i, 2 + nt :] = self.valid_frames(done, n_new)
         dev = host.to(device, non_blocking=True)
-        return ChunkIndex(rows=dev[:, 0], write=dev[:, 3:], n_valid=dev[:, 1], frame_offset=dev[:, 2])
+        return ChunkIndex(
+            rows=dev[:, 0], write=dev[:, 2 : 2 + nt], valid=dev[:, 2 + nt :].bool(), frame_offset=dev[:, 1]
+        )
 
     def committed_view(self, pool: KVPool, row: int, committed: int, n_next: int) -> dict[str, torch.Tensor]:
         """The K/V of pool row `row` a next chunk of `n_next` frames would read, in frame order

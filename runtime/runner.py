@@ -1,21 +1,30 @@
 """The runner owns the device side of streams: their world state (one K/V pool row each) and the
 chunk transaction of every batch.
 
-`execute(plan)` runs one batch (sessions that share a model and a chunk shape) as one `Batch`,
-one batched forward per stage for every session in it:
+A step's batch (sessions that share a model and a chunk shape) is one `Batch`, one batched call
+per stage for every session in it:
 
     denoise:0 .. denoise:K-1   K few-step denoising forwards (cancel checked before each)
     context                    the clean pass writes each chunk's K/V into its scratch slots
     decode                     latents -> frames, batched across sessions, private decoder caches
     commit                     last cancel check; the transactions are staged for the engine
 
+The engine calls `execute(plan)` (denoise + context), commits what it returns, then `decode()`.
+Serial (the default), `decode()` runs the decode and stages the chunks, so they commit in the same
+step. Pipelined (`pipeline=True`, the CUDA default), the decode runs on a side CUDA stream and the
+next step's `execute` first computes the next batch, then waits for these frames: chunk k's
+decode overlaps chunk k+1's denoise. Chunk k+1 of a stream may then run on top of chunk k's
+uncommitted K/V (`Transaction.after`; the K/V ring keeps a chunk of slack for it,
+runtime/kv_cache.py). Frames are still released only at commit; if chunk k does not commit, chunk
+k+1 is rolled back and runs again on the committed world, as if it had waited.
+
 A cancelled session leaves the batch at a boundary and is rolled back; its entry turns into
 padding (it points at the pool's padding row), so the others go on with the same shapes. An
-exception inside the model rolls back every open transaction of the batch; the batch is then
-retried one session at a time so that only the session that really fails gets a `ChunkFailed`.
+exception inside the model rolls back every open transaction of the batch; the chunks then run
+again one at a time so that only the session that really fails gets a `ChunkFailed`.
 
 Nothing in a chunk waits for the device: the index tensors go up once per step (pinned, non-
-blocking on CUDA), stage times are CUDA events read after the step's one device->host copy of
+blocking on CUDA), stage times are CUDA events read after the batch's one device->host copy of
 the frames, and noise is drawn on the CPU.
 """
 
@@ -115,23 +124,33 @@ class StageClock:
         return (y - x) * 1000  # type: ignore[operator]
 
 
-def frames_to_host(frames: list[torch.Tensor]) -> list[np.ndarray]:
-    """Every session's uint8 frames in one device->host copy (pinned on CUDA)."""
-    if not frames:
-        return []
-    flat = torch.cat([f.reshape(-1) for f in frames])
-    if flat.device.type == "cuda":
-        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-        host.copy_(flat, non_blocking=True)
-        torch.cuda.current_stream().synchronize()
-    else:
-        host = flat
-    buf = host.numpy()
-    out, start = [], 0
-    for f in frames:
-        out.append(buf[start : start + f.numel()].reshape(f.shape).copy())
-        start += f.numel()
-    return out
+class HostCopy:
+    """Tensors -> numpy arrays on the host in one copy, started now and read later: on CUDA a
+    non-blocking copy into pinned memory on the current stream, read after its event."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.shapes = [t.shape for t in tensors]
+        self.event: torch.cuda.Event | None = None
+        flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0, dtype=torch.uint8)
+        if flat.device.type == "cuda":
+            self.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            self.host.copy_(flat, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = flat
+
+    def result(self) -> list[np.ndarray]:
+        """The arrays (waits for the copy on CUDA)."""
+        if self.event is not None:
+            self.event.synchronize()
+        buf = self.host.numpy()
+        out, start = [], 0
+        for shape in self.shapes:
+            n = int(np.prod(shape))
+            out.append(buf[start : start + n].reshape(shape).copy())
+            start += n
+        return out
 
 
 class Batch:
@@ -139,16 +158,21 @@ class Batch:
 
     Entries keep their batch position for the whole chunk; an entry that leaves (cancel) becomes
     padding, so every stage runs at the same batch size (a compiled bucket stays one graph).
+    `compute` (denoise + context) and `decode` start work; `finish` waits for the frames and
+    stages the survivors. Pipelined, the runner calls `finish` one step later, after the next
+    batch's `compute`, so a decode overlaps the next denoise.
     """
 
     def __init__(
-        self, runner: Runner, world: World, layout: KVLayout, txns: list[Transaction], n_latent: int
+        self, runner: Runner, model_id: str, chunks: list[ScheduledChunk], txns: list[Transaction]
     ) -> None:
         self.runner = runner
-        self.world = world
-        self.layout = layout
+        self.model_id = model_id
+        self.world = world = runner.worlds[model_id]
+        self.layout = runner.layouts[model_id]
+        self.chunks = chunks  # what each entry serves (a retry re-runs it)
         self.txns = txns
-        self.n = n_latent
+        self.n = chunks[0].n_latent
         self.size = world.bucket(len(txns)) or len(txns)
         self.live = list(range(len(txns)))  # entries still running
         self.clock = StageClock(world.device)
@@ -156,7 +180,12 @@ class Batch:
         self.actions = self._actions()
         self.x0 = torch.empty(0)  # the clean estimate, set by denoise
         self.finite = torch.empty(0)  # (size,) bool: x0 is finite, read with the frames
-        self.decoded: dict[int, tuple] = {}
+        self.caches: list = []  # decoder caches of the live entries, set by decode
+        self.copy: HostCopy | None = None  # frames + finite flags on their way to the host
+
+    def open_txns(self) -> list[Transaction]:
+        """Transactions of this batch not yet staged or rolled back."""
+        return [t for t in self.txns if t.status is TxnStatus.OPEN]
 
     # -- per-step tensors -----------------------------------------------------------------------
 
@@ -212,7 +241,28 @@ class Batch:
                 self.index = self._index()
         return bool(keep)
 
+    def drop_orphans(self) -> list[ScheduledChunk]:
+        """Entries that ran on top of a chunk that did not commit leave the batch (rolled back);
+        returns what they served, to run again on the committed world."""
+        again = []
+        for i in list(self.live):
+            t = self.txns[i]
+            if t.after is not None and t.after.status is not TxnStatus.COMMITTED:
+                t.rollback()
+                # Its K/V sit in slack slots the re-run will not overwrite before reading past
+                # them; after a non-finite predecessor they are NaN.
+                self.world.scrub_state(t.stream.state)
+                again.append(self.chunks[i])
+                self.live.remove(i)
+            t.after = None  # settled: no chain of old transactions stays reachable
+        return again
+
     # -- stages ---------------------------------------------------------------------------------
+
+    def compute(self) -> bool:
+        """Denoise, then the clean pass. False: nobody is left."""
+        self.clock.mark("begin")
+        return self.denoise() and self.context()
 
     def denoise(self) -> bool:
         """K denoising forwards; leaves the clean estimate in `x0`."""
@@ -251,32 +301,36 @@ class Batch:
         return True
 
     def decode(self) -> bool:
-        """Latents -> frames for every live entry in one batched decode; one host copy."""
+        """Start latents -> frames for every live entry in one batched decode (on the runner's
+        decode stream on CUDA) and their copy to the host. False: nobody is left."""
         if not self.boundary("decode"):
             return False
-        states = [self.txns[i].stream.state for i in self.live]
-        frames, caches = self.world.decode_batch([self.x0[i] for i in self.live], states)
-        self.clock.mark("decoded")
-        finite = self.finite.index_select(0, torch.tensor(self.live, device=self.finite.device))
-        *host, ok = frames_to_host([*frames, finite.to(torch.uint8)])
-        self.decoded = {i: (f, c) for i, f, c in zip(self.live, host, caches, strict=True)}
+        with self.runner.decode_stream(self.world.device, (self.x0, self.finite)):
+            states = [self.txns[i].stream.state for i in self.live]
+            frames, self.caches = self.world.decode_batch([self.x0[i] for i in self.live], states)
+            self.clock.mark("decoded")
+            self.copy = HostCopy([*frames, self.finite.to(torch.uint8)])
+        return True
+
+    def finish(self) -> None:
+        """Wait for the frames; roll back non-finite chunks; last cancel check; stage the rest."""
+        assert self.copy is not None, "finish() before decode()"
+        *host, finite = self.copy.result()
+        ok = finite[self.live]
+        decoded = {i: (f, c) for i, f, c in zip(self.live, host, self.caches, strict=True)}
         for i, good in zip(list(self.live), ok.tolist(), strict=True):
             if not good:
                 t = self.txns[i]
                 t.rollback()
                 self.runner.out.failed.append((t, "the model produced non-finite latents"))
                 self.live.remove(i)
-        return bool(self.live)
-
-    def commit(self) -> None:
-        """Last cancel check; stage every surviving transaction with its frames and timings."""
-        if not self.boundary("commit"):
+        if not self.live or not self.boundary("commit"):
             return
         c = self.clock
         end = time.perf_counter()
         for i in self.live:
             t = self.txns[i]
-            frames, cache = self.decoded[i]
+            frames, cache = decoded[i]
             queue_ms = (c.start - t.request.submitted_at) * 1000 if t.request.submitted_at else 0.0
             timings = ChunkTimings(
                 queue=queue_ms,
@@ -288,14 +342,6 @@ class Batch:
             t.stage(Staged(n_latent=self.n, decoder=cache, frames=frames, timings=timings))
             self.runner.out.staged.append(t)
 
-    def run(self) -> None:
-        """All stages in order; a stage that finds nobody left ends the batch."""
-        self.clock.mark("begin")
-        for stage in (self.denoise, self.context, self.decode):
-            if not stage():
-                return
-        self.commit()
-
 
 class Runner:
     """Owns the streams' device state and executes step plans against the worlds."""
@@ -305,16 +351,26 @@ class Runner:
         worlds: dict[str, World],
         is_aborted: Callable[[int], bool],
         boundary_hook: BoundaryHook | None = None,
+        pipeline: bool = False,
     ) -> None:
         self.worlds = worlds
         self.is_aborted = is_aborted
         self.boundary_hook = boundary_hook
+        self.pipeline = pipeline
         self.streams: dict[str, Stream] = {}
+        for name, w in worlds.items():
+            if pipeline and w.slack_frames < w.chunk_frames:
+                raise ValueError(f"{name}: pipelined, world.setup needs slack_frames={w.chunk_frames}")
         self.layouts = {
-            name: KVLayout(w.transformer.cfg.sink_frames, w.transformer.cfg.window_frames, w.tokens_per_frame)
+            name: KVLayout(cfg.sink_frames, cfg.window_frames, w.tokens_per_frame, w.slack_frames)
             for name, w in worlds.items()
+            for cfg in [w.transformer.cfg]
         }
         self.out = RunnerOutput()
+        self.decoding: Batch | None = None  # pipelined: the batch whose decode is in flight
+        self._computed: Batch | None = None  # computed by `execute`, decoded by `decode`
+        self._again: list[tuple[str, ScheduledChunk]] = []  # (model, chunk) to re-run alone in `decode`
+        self._side: dict[torch.device, torch.cuda.Stream] = {}
 
     # -- stream ownership -----------------------------------------------------------------------
 
@@ -366,20 +422,72 @@ class Runner:
 
     # -- execution ------------------------------------------------------------------------------
 
+    @property
+    def busy(self) -> bool:
+        """Whether a batch's decode is still in flight (the next `execute` finishes it)."""
+        return self.decoding is not None
+
+    def in_flight(self, stream_id: str) -> int:
+        """Chunks of the stream past their clean pass and not yet committed (0 or 1)."""
+        b = self.decoding
+        return int(b is not None and any(b.txns[i].stream.stream_id == stream_id for i in b.live))
+
     def execute(self, plan: StepPlan) -> RunnerOutput:
-        """Run the plan's batch."""
+        """The first half of a step: the plan's denoise and context passes (a chunk runs on top of
+        its stream's chunk still decoding, if any); then, pipelined, wait for the previous
+        batch's frames and stage its chunks. The engine commits the output, then calls `decode`."""
         self.out = RunnerOutput()
         if plan.chunks:
-            self._run_batch(plan.model_id, plan.chunks, split_on_error=True)
+            self._computed = self._compute(plan.model_id, plan.chunks)
+        prev, self.decoding = self.decoding, None
+        if prev is not None:
+            self._guard(prev, prev.finish)
         return self.out
 
+    def decode(self) -> RunnerOutput:
+        """The second half, after the engine committed `execute`'s output: chunks that lost the
+        chunk they ran on top of, and the innocent mates of a failed batch, run again alone on
+        the committed world; then the computed batch's decode starts (serial: and finishes)."""
+        self.out = RunnerOutput()
+        batch, self._computed = self._computed, None
+        if batch is not None:
+            self._again += [(batch.model_id, sc) for sc in batch.drop_orphans()]
+            if batch.live and self._guard(batch, batch.decode) and batch.live:
+                if self.pipeline:
+                    self.decoding = batch
+                else:
+                    self._guard(batch, batch.finish)
+        while self._again:
+            model, sc = self._again.pop(0)
+            self._run_alone(model, sc)
+        return self.out
+
+    @contextlib.contextmanager
+    def decode_stream(self, device: torch.device, inputs: tuple[torch.Tensor, ...]) -> Iterator[None]:
+        """Pipelined on CUDA: run the block on this device's side stream after the work queued so
+        far (the inputs are marked as used there); otherwise on the current stream."""
+        if not self.pipeline or device.type != "cuda":
+            yield
+            return
+        side = self._side.get(device)
+        if side is None:
+            side = self._side[device] = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        for t in inputs:
+            t.record_stream(side)
+        with torch.cuda.stream(side):
+            yield
+
     def _begin(self, sc: ScheduledChunk, world: World) -> Transaction | None:
-        """Open the chunk's transaction and read its actions; a failing action source fails only
-        this chunk (reported in `out`), never the engine."""
+        """Open the chunk's transaction (on top of the stream's chunk still decoding, if any) and
+        read its actions; a failing action source fails only this chunk (reported in `out`),
+        never the engine."""
         stream = self.streams[sc.stream_id]
-        txn = Transaction(stream, sc.request, [])
+        b = self.decoding
+        after = next((b.txns[i] for i in b.live if b.txns[i].stream is stream), None) if b else None
+        txn = Transaction(stream, sc.request, [], after=after, n_latent=sc.n_latent)
         req = sc.request
-        n_video = world.layout.video_frames(stream.state.frames, sc.n_latent)
+        n_video = world.layout.video_frames(txn.latent_start, sc.n_latent)
         try:
             if req.source is not None:
                 txn.actions = req.source.take(n_video)
@@ -427,42 +535,64 @@ class Runner:
         st.start_latents = None
         return frames[-1]
 
-    def _run_batch(self, model_id: str, chunks: list[ScheduledChunk], split_on_error: bool) -> None:
+    def _compute(self, model_id: str, chunks: list[ScheduledChunk]) -> Batch | None:
+        """Open the chunks' transactions and run denoise + context as one batch; None when nobody
+        is left. On a model error the batch is rolled back (see `_recover`)."""
         world = self.worlds[model_id]
         opened = [(sc, self._begin(sc, world)) for sc in chunks]
         chunks = [sc for sc, t in opened if t is not None]
         txns = [t for _, t in opened if t is not None]
         if not txns:
-            return
+            return None
+        batch = Batch(self, model_id, chunks, txns)
+        if not self._guard(batch, batch.compute):
+            return None
+        return batch if batch.live else None
+
+    def _guard(self, batch: Batch, stage: Callable[[], object]) -> bool:
+        """Run a stage; a non-fatal error rolls the batch back (`_recover`) and returns False."""
         try:
-            Batch(self, world, self.layouts[model_id], txns, chunks[0].n_latent).run()
+            stage()
         except Exception as exc:
             if is_fatal(exc):
                 raise
-            self._recover(model_id, chunks, txns, exc, split_on_error)
+            self._recover(batch, exc)
+            return False
+        return True
 
-    def _recover(
-        self,
-        model_id: str,
-        chunks: list[ScheduledChunk],
-        txns: list[Transaction],
-        exc: Exception,
-        split_on_error: bool,
-    ) -> None:
-        still_open = [(sc, t) for sc, t in zip(chunks, txns, strict=True) if t.status is TxnStatus.OPEN]
+    def _run_alone(self, model_id: str, sc: ScheduledChunk) -> None:
+        """One chunk on the committed world, start to staged (a retry: its error is its own)."""
+        txn = self._begin(sc, self.worlds[model_id])
+        if txn is None:
+            return
+        batch = Batch(self, model_id, [sc], [txn])
+        try:
+            if batch.compute() and batch.decode():
+                batch.finish()
+        except Exception as exc:
+            if is_fatal(exc):
+                raise
+            log.exception("chunk failed for %s", sc.stream_id)
+            for t in batch.open_txns():
+                t.rollback()
+                self.out.failed.append((t, f"{type(exc).__name__}: {exc}"))
+
+    def _recover(self, batch: Batch, exc: Exception) -> None:
+        """Roll back every open transaction of the batch. An injected fault fails its own stream;
+        a real error fails a lone chunk at once, and otherwise every chunk runs again alone (in
+        `decode`, on the committed world) so that the error lands on its owner."""
+        pairs = zip(batch.chunks, batch.txns, strict=True)
+        still_open = [(sc, t) for sc, t in pairs if t.status is TxnStatus.OPEN]
         for _, t in still_open:
             t.rollback()
+        batch.live = []
         culprit = exc.stream_id if isinstance(exc, InjectedFault) else None
-        if culprit is None and (len(still_open) == 1 or not split_on_error):
-            log.exception("chunk failed for %s", [t.stream.stream_id for _, t in still_open])
-            self.out.failed.extend((t, f"{type(exc).__name__}: {exc}") for _, t in still_open)
+        if culprit is None and len(still_open) == 1:
+            log.exception("chunk failed for %s", still_open[0][1].stream.stream_id)
+            self.out.failed.append((still_open[0][1], f"{type(exc).__name__}: {exc}"))
             return
-        retry = []
         for sc, t in still_open:
             if t.stream.stream_id == culprit:
                 self.out.failed.append((t, str(exc)))
             else:
-                retry.append(sc)
-        # Re-run the innocent one by one, so a real (non-injected) failure lands on its owner.
-        for sc in retry:
-            self._run_batch(model_id, [sc], split_on_error=False)
+                self._again.append((batch.model_id, sc))

@@ -63,14 +63,30 @@ class Staged:
 class Transaction:
     """A chunk in flight for one stream."""
 
-    def __init__(self, stream: Stream, request: ChunkRequest, actions: list[FrameAction]) -> None:
+    def __init__(
+        self,
+        stream: Stream,
+        request: ChunkRequest,
+        actions: list[FrameAction],
+        after: Transaction | None = None,
+        n_latent: int = 0,
+    ) -> None:
         self.stream = stream
         self.request = request
         self.actions = actions  # per-video-frame actions this chunk applies
-        st = stream.state
-        self.chunk = st.chunks + 1  # the chunk number a commit would create
-        self.latent_start = st.frames
-        self.frame0 = st.video_frames
+        # Pipelined decode: the stream's chunk still decoding, which this one runs on top of. It
+        # must commit first; if it does not, this one is rolled back and runs again.
+        self.after = after
+        self.n_latent = n_latent  # latent frames the chunk adds
+        if after is None:
+            st = stream.state
+            self.chunk = st.chunks + 1  # the chunk number a commit would create
+            self.latent_start = st.frames
+            self.frame0 = st.video_frames
+        else:
+            self.chunk = after.chunk + 1
+            self.latent_start = after.latent_start + after.n_latent
+            self.frame0 = after.frame0 + len(after.actions)
         self.status = TxnStatus.OPEN
         self._staged: Staged | None = None
 

@@ -95,6 +95,15 @@ class _Pending:
 
 
 @dataclass
+class _CancelWait:
+    """A `cancel` waiting for the chunks that were outstanding when it came."""
+
+    seq: int  # the cancel's seq
+    waiting: set[int]  # request ids not yet resolved
+    first: int | None = None  # the smallest chunk number cancelled so far
+
+
+@dataclass
 class _Totals:
     """Per-stage milliseconds summed over a session's chunks (for one-shot `done`)."""
 
@@ -137,7 +146,7 @@ class Session:
         self._frame_base = 0
         self._epoch = 0
         self._pending: dict[int, _Pending] = {}
-        self._cancel_seqs: list[int] = []  # cancels waiting for their in-flight chunk to roll back
+        self._cancels: list[_CancelWait] = []  # cancels waiting for their chunks to resolve
         # Unacked chunks kept for a resume. Realtime never has more than max_ahead unacked; in
         # lockstep at most MAX_STEPS_QUEUED chunks can commit while nobody listens, so those are
         # always kept, and older unacked ones (already delivered) go first.
@@ -274,7 +283,7 @@ class Session:
         if self._et.cancel_stream(self.id) == 0:
             self._emit(CancelledEvent(seq, self.last_chunk + 1))
         else:
-            self._cancel_seqs.append(seq)
+            self._cancels.append(_CancelWait(seq, set(self._pending)))
 
     async def reset(self, seq: int, cond: Conditioning) -> None:
         """A fresh world in this session. Answered by `ready` naming the last old chunk."""
@@ -293,9 +302,9 @@ class Session:
         self.acked = self.last_chunk
         self._retained.clear()
         self.buffer.clear()
-        for s in self._cancel_seqs:
-            self._emit(CancelledEvent(s, self.last_chunk + 1))
-        self._cancel_seqs.clear()
+        for wait in self._cancels:
+            self._emit(CancelledEvent(wait.seq, self.last_chunk + 1))
+        self._cancels.clear()
         self._emit(ReadyEvent(self.last_chunk, self.frame))
         self._pump()
 
@@ -346,14 +355,28 @@ class Session:
             outcome = None
         except StreamNotFound:
             outcome = None  # the session closed while the chunk was queued
-        if outcome is not None and not self.status.is_finished and entry.epoch == self._epoch:
+        current = not self.status.is_finished and entry.epoch == self._epoch
+        if outcome is not None and current:
             self._handle(outcome, entry)
-        if not self._pending and self._cancel_seqs:
-            # everything committed before the cancel landed: the next chunk is the one cancelled
-            for s in self._cancel_seqs:
-                self._emit(CancelledEvent(s, self.last_chunk + 1))
-            self._cancel_seqs.clear()
+        if current:
+            self._resolve_cancels(rid, outcome)
         self._pump()
+
+    def _resolve_cancels(self, rid: int, outcome: Outcome | None) -> None:
+        """A cancel is answered once every chunk outstanding when it came has resolved, naming
+        the first chunk that did not commit. Outcomes may arrive in any order (a queued chunk's
+        cancel can come before the running one's), so the smallest cancelled chunk wins; chunks
+        commit in order, so with none cancelled it is the one after the last commit."""
+        for wait in list(self._cancels):
+            if rid not in wait.waiting:
+                continue
+            wait.waiting.discard(rid)
+            if isinstance(outcome, ChunkCancelled):
+                chunk = self._chunk_base + outcome.chunk
+                wait.first = chunk if wait.first is None else min(wait.first, chunk)
+            if not wait.waiting:
+                self._cancels.remove(wait)
+                self._emit(CancelledEvent(wait.seq, wait.first or self.last_chunk + 1))
 
     def _handle(self, outcome: Outcome, entry: _Pending) -> None:
         if isinstance(outcome, ChunkCommitted):
@@ -373,11 +396,6 @@ class Session:
             self.totals.add(event.timings)
             self._retained.append(event)
             self._emit(event)
-        elif isinstance(outcome, ChunkCancelled):
-            if self._cancel_seqs:
-                for s in self._cancel_seqs:
-                    self._emit(CancelledEvent(s, self._chunk_base + outcome.chunk))
-                self._cancel_seqs.clear()
         elif isinstance(outcome, ChunkFailed):
             self._emit(
                 ErrorEvent(

@@ -44,16 +44,18 @@ class Runtime:
         default_model: str | None = None,
         max_batch: int = 4,
         max_sessions: int = 16,
+        overlap_decode: bool | None = None,
         detach_ttl_s: float = 60.0,
         debug_hooks: bool = False,
     ) -> "Runtime":
-        """Start the engine thread on the running loop; ``default_model`` None = the first world."""
+        """Start the engine thread on the running loop; ``default_model`` None = the first world;
+        ``overlap_decode`` None = pipelined decode when a world runs on CUDA (runtime/runner.py)."""
         if not worlds:
             raise ValueError("no worlds to serve")
         default = default_model or next(iter(worlds))
         if default not in worlds:
             raise ValueError(f"default model {default!r} is not loaded; loaded: {sorted(worlds)}")
-        engine = Engine(dict(worlds), max_batch=max_batch, max_streams=max_sessions)
+        engine = Engine(dict(worlds), max_batch=max_batch, max_streams=max_sessions, pipeline=overlap_decode)
         engine_thread = EngineThread(engine, asyncio.get_running_loop())
         engine_thread.start()
         manager = SessionManager(

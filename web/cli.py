@@ -84,6 +84,13 @@ def _parser() -> argparse.ArgumentParser:
         "--max-batch", type=int, default=4, help="sessions per engine step (default: %(default)s)"
     )
     serve.add_argument(
+        "--overlap-decode",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="decode each batch on a second CUDA stream while the next batch denoises; "
+        "auto: on when the device is CUDA (default: %(default)s)",
+    )
+    serve.add_argument(
         "--detach-ttl",
         type=float,
         default=60.0,
@@ -243,6 +250,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         detach_ttl_s=args.detach_ttl,
         max_batch=args.max_batch,
+        overlap_decode={"auto": None, "on": True, "off": False}[args.overlap_decode],
         max_connections=args.max_connections,
         sessions_per_connection=args.sessions_per_connection,
         forks_per_connection=args.forks_per_connection,

@@ -84,6 +84,7 @@ class Server:
             default_model=cfg.default_model,
             max_batch=cfg.max_batch,
             max_sessions=cfg.max_sessions,
+            overlap_decode=cfg.overlap_decode,
             detach_ttl_s=cfg.detach_ttl_s,
             debug_hooks=cfg.debug_hooks,
         )

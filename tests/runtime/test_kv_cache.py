@@ -2,43 +2,64 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from models.kv_pool import KVPool
 from runtime.kv_cache import KVBudget, KVLayout
 
 
+def valid_slots(lay: KVLayout, committed: int, n_new: int) -> list[int]:
+    return np.flatnonzero(lay.valid_frames(committed, n_new)).tolist()
+
+
 def test_slots_fill_in_order_then_wrap_keeping_sinks():
     lay = KVLayout(sink_frames=1, window_frames=4, tokens_per_frame=2)
     assert [lay.slot_of(f) for f in range(9)] == [0, 1, 2, 3, 4, 1, 2, 3, 4]
-    assert lay.write_slots(0, 2).tolist() == [0, 1, 2, 3] and lay.n_valid(0, 2) == 4
-    assert lay.write_slots(4, 2).tolist() == [8, 9, 2, 3] and lay.n_valid(4, 2) == 10  # 4, 5 -> 4, 1
+    assert lay.write_slots(0, 2).tolist() == [0, 1, 2, 3] and valid_slots(lay, 0, 2) == [0, 1]
+    assert lay.write_slots(4, 2).tolist() == [8, 9, 2, 3] and valid_slots(lay, 4, 2) == [0, 1, 2, 3, 4]
 
 
 def test_index_pads_the_bucket_with_the_pad_row():
     lay = KVLayout(sink_frames=1, window_frames=4, tokens_per_frame=2)
     idx = lay.index([3, None, 0], [4, 6, 0], 2, pad_row=7, bucket=4)  # None: a cancelled entry
     assert idx.rows.tolist() == [3, 7, 0, 7]
-    assert idx.n_valid.tolist() == [10, 4, 4, 4] and idx.frame_offset.tolist() == [4, 0, 0, 0]
+    assert idx.valid.tolist() == [[True] * 5] + [[True, True, False, False, False]] * 3
+    assert idx.frame_offset.tolist() == [4, 0, 0, 0]
     assert idx.write.tolist() == [[8, 9, 2, 3]] + [[0, 1, 2, 3]] * 3
     with pytest.raises(ValueError, match="bucket"):
         lay.index([0, 1], [0, 0], 2, pad_row=7, bucket=1)
 
 
 @pytest.mark.parametrize(("sinks", "window", "chunk"), [(0, 4, 2), (1, 5, 2), (2, 6, 3), (0, 3, 3)])
-def test_attended_frames_live_in_valid_slots_and_scratch_never_hits_them(sinks, window, chunk):
-    lay = KVLayout(sinks, window, 1)
+@pytest.mark.parametrize("slack", [0, 1])
+def test_attended_frames_live_in_valid_slots_and_scratch_never_hits_them(sinks, window, chunk, slack):
+    lay = KVLayout(sinks, window, 1, slack * chunk)
     committed = 0
     for _ in range(12):
-        n_valid = lay.n_valid(committed, chunk)
+        valid = set(valid_slots(lay, committed, chunk))
         attended = lay.attended(committed, chunk)
         slots = {lay.slot_of(f) for f in attended}
+        writes = set(lay.write_slots(committed, chunk).tolist())
         assert len(slots) == len(attended)  # no two attended frames share a slot
-        assert all(x < n_valid for x in slots)
-        assert not slots & set(lay.write_slots(committed, chunk).tolist())  # scratch never hits reads
-        # the valid prefix holds exactly attended + scratch
-        assert n_valid == len(attended) + chunk
+        assert not slots & writes  # scratch never hits reads
+        assert valid == slots | writes  # the mask holds exactly attended + scratch
         committed += chunk
+
+
+@pytest.mark.parametrize(("sinks", "window", "chunk"), [(0, 4, 2), (1, 5, 2), (2, 6, 3), (1, 7, 3)])
+def test_with_slack_a_second_chunk_in_flight_never_overwrites_what_a_retry_reads(sinks, window, chunk):
+    """Pipelined decode: chunk k+1 writes on top of uncommitted chunk k. If k rolls back, its
+    retry reads the same frames k read, so k+1's writes must miss all of them."""
+    lay = KVLayout(sinks, window, 1, slack_frames=chunk)
+    for committed in range(0, 40, chunk):
+        k_reads = {lay.slot_of(f) for f in lay.attended(committed, chunk)}
+        successor_writes = set(lay.write_slots(committed + chunk, chunk).tolist())
+        assert not k_reads & successor_writes
+    bare = KVLayout(sinks, window, 1)  # without slack the ring is too small for that once it wraps
+    late = 10 * chunk
+    reads = {bare.slot_of(f) for f in bare.attended(late, chunk)}
+    assert reads & set(bare.write_slots(late + chunk, chunk).tolist())
 
 
 def test_attended_window_contents():

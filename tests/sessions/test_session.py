@@ -89,6 +89,27 @@ def test_cancel_rolls_back_the_chunk_in_flight(worlds):
     run(main())
 
 
+def test_cancel_names_the_first_chunk_that_did_not_commit_with_steps_queued(worlds):
+    # The running chunk's cancel and the queued chunks' cancels resolve in any order; the answer
+    # is the first chunk that did not commit (here 1: chunk 1 was mid-denoise).
+    async def main():
+        async with running(worlds, allow_debug_hooks=True) as m:
+            s = await m.open(OpenParams(seed=2, mode="lockstep", debug=DebugHooks(step_delay_ms=60)))
+            inbox = Inbox()
+            s.activate(inbox)
+            for seq in range(3):
+                s.step(seq, W)
+            await asyncio.sleep(0.1)  # chunk 1 mid-denoise, 2 and 3 queued
+            s.cancel(9)
+            (c,) = await inbox.wait_for(CancelledEvent)
+            assert (c.seq, c.chunk) == (9, 1) and not inbox.of(FramesEvent)
+            s.step(3, D)
+            (f,) = await inbox.wait_for(FramesEvent)
+            assert f.chunk == 1
+
+    run(main())
+
+
 async def lockstep_frames(m, script, seed=3, model="tiny"):
     s = await m.open(OpenParams(model=model, seed=seed, mode="lockstep"))
     inbox = Inbox()
