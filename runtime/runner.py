@@ -445,9 +445,9 @@ class Runner:
         return self.out
 
     def decode(self) -> RunnerOutput:
-        """The second half, after the engine committed `execute`'s output: chunks that lost the
-        chunk they ran on top of, and the innocent mates of a failed batch, run again alone on
-        the committed world; then the computed batch's decode starts (serial: and finishes)."""
+        """The second half, after the engine committed `execute`'s output: the computed batch's
+        decode starts (serial: and finishes); then chunks that lost the chunk they ran on top
+        of, and the innocent mates of a failed batch, run again alone on the committed world."""
         self.out = RunnerOutput()
         batch, self._computed = self._computed, None
         if batch is not None:

@@ -40,16 +40,17 @@ def run_chunk(world: World, layout: KVLayout, live: dict[int, list], step: int) 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("slack", [0, 2])  # 2: the ring of the pipelined decode
 @torch.no_grad()
-def test_compiled_chunks_have_one_graph_per_bucket_and_match_eager():
+def test_compiled_chunks_have_one_graph_per_bucket_and_match_eager(slack):
     """fullgraph compile, buckets (1, 2, 4): 40 chunks while sessions join and leave and windows
     fill and wrap; no graph break, no recompile after each bucket's first use, compiled == eager."""
     eager = build_world(*tiny_random_configs(), seed=0)
     compiled = build_world(*tiny_random_configs(), seed=0)
     for w in (eager, compiled):
-        w.setup(4)
+        w.setup(4, slack_frames=slack)
     compiled.compile(buckets=(1, 2, 4))
-    layout = KVLayout(1, 6, eager.tokens_per_frame)
+    layout = KVLayout(1, 6, eager.tokens_per_frame, slack)
     # sessions alive at each chunk: join and leave, every bucket in use, windows wrap (6 frames)
     plan = [[0], [0, 1], [0, 1, 2], [1, 2], [1, 2, 3, 4], [2, 4], [4], [4, 5, 6]] * 5
     lives: list[dict[int, list]] = [{}, {}]
