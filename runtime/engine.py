@@ -281,8 +281,11 @@ class Engine:
             return outcomes
         outcomes += self._finish(self.runner.execute(plan))
         outcomes += self._process_aborts()  # requests cancelled while the batch ran
-        outcomes += self._finish(self.runner.decode())
+        out = self.runner.decode()
+        outcomes += self._finish(out)
         self.scheduler.update_from_output(plan)
+        for sc in out.requeue:  # ran on top of a chunk that did not commit: runs again next
+            self.scheduler.requeue(sc.request)
         if plan.chunks:
             metrics.BATCH_SIZE.observe(len(plan.chunks))
         return outcomes

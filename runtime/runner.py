@@ -16,7 +16,8 @@ next step's `execute` first computes the next batch, then waits for these frames
 decode overlaps chunk k+1's denoise. Chunk k+1 of a stream may then run on top of chunk k's
 uncommitted K/V (`Transaction.after`; the K/V ring keeps a chunk of slack for it,
 runtime/kv_cache.py). Frames are still released only at commit; if chunk k does not commit, chunk
-k+1 is rolled back and runs again on the committed world, as if it had waited.
+k+1 is rolled back and goes back to the head of its stream's queue: it runs again on the
+committed world in a later batch, as if it had waited.
 
 A cancelled session leaves the batch at a boundary and is rolled back; its entry turns into
 padding (it points at the pool's padding row), so the others go on with the same shapes. An
@@ -69,6 +70,7 @@ class RunnerOutput:
     staged: list[Transaction] = field(default_factory=list)  # ready to commit
     cancelled: list[Transaction] = field(default_factory=list)  # rolled back at a boundary
     failed: list[tuple[Transaction, str]] = field(default_factory=list)  # rolled back after a model error
+    requeue: list[ScheduledChunk] = field(default_factory=list)  # rolled back, to run in a later step
 
 
 @contextlib.contextmanager
@@ -243,7 +245,7 @@ class Batch:
 
     def drop_orphans(self) -> list[ScheduledChunk]:
         """Entries that ran on top of a chunk that did not commit leave the batch (rolled back);
-        returns what they served, to run again on the committed world."""
+        returns what they served, to run again on the committed world in a later step."""
         again = []
         for i in list(self.live):
             t = self.txns[i]
@@ -445,13 +447,14 @@ class Runner:
         return self.out
 
     def decode(self) -> RunnerOutput:
-        """The second half, after the engine committed `execute`'s output: the computed batch's
-        decode starts (serial: and finishes); then chunks that lost the chunk they ran on top
-        of, and the innocent mates of a failed batch, run again alone on the committed world."""
+        """The second half, after the engine committed `execute`'s output: chunks that lost the
+        chunk they ran on top of go back to the engine (`requeue`: they run in a later step, as
+        if they had waited); the computed batch's decode starts (serial: and finishes); then the
+        innocent mates of a failed batch run again alone on the committed world."""
         self.out = RunnerOutput()
         batch, self._computed = self._computed, None
         if batch is not None:
-            self._again += [(batch.model_id, sc) for sc in batch.drop_orphans()]
+            self.out.requeue += batch.drop_orphans()
             if batch.live and self._guard(batch, batch.decode) and batch.live:
                 if self.pipeline:
                     self.decoding = batch

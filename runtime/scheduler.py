@@ -49,6 +49,10 @@ class Scheduler(ABC):
         """The plan's chunks are done (committed, cancelled or failed)."""
 
     @abstractmethod
+    def requeue(self, request: ChunkRequest) -> None:
+        """Put a request whose chunk ran but did not finish back at the head of its stream's queue."""
+
+    @abstractmethod
     def has_unfinished(self) -> bool:
         """Whether `schedule()` would produce work."""
 
@@ -124,6 +128,9 @@ class FifoScheduler(Scheduler):
                 q.popleft()
             if q is not None and not q:
                 del self._queues[sc.stream_id]
+
+    def requeue(self, request: ChunkRequest) -> None:
+        self._queues.setdefault(request.stream_id, deque()).appendleft(request)
 
     def has_unfinished(self) -> bool:
         return bool(self._finished) or any(q for sid, q in self._queues.items() if sid not in self._running)

@@ -84,6 +84,17 @@ def _play(
     return e, _records(outs), events
 
 
+def assert_same_outcomes(a: list[Record], b: list[Record]) -> None:
+    """The same outcomes, frames within 1 level: a chunk that runs again after the chunk below
+    it failed lands in another batch than in a serial run (other mates, another position), and
+    multi-threaded CPU kernels may then sum in another order."""
+    assert [r[:3] for r in sorted(a)] == [r[:3] for r in sorted(b)]
+    for x, y in zip(sorted(a), sorted(b), strict=True):
+        if x[3] is not None:
+            diff = np.frombuffer(x[3], np.uint8).astype(int) - np.frombuffer(y[3], np.uint8)
+            assert np.abs(diff).max() <= 1, x[:3]
+
+
 def test_pipelined_rollouts_equal_serial_ones_bit_for_bit():
     _, serial_out, serial_events = _play(False, 7)
     e, piped_out, piped_events = _play(True, 7)
@@ -125,11 +136,11 @@ def _cancel_at_commit(target: int):
 
 def test_a_chunk_whose_predecessor_is_cancelled_runs_again_on_the_committed_world():
     # Pipelined, chunk 3 of b was computed on top of chunk 2 when 2 is cancelled at its commit
-    # boundary: 3 is rolled back and runs again on the committed world, as chunk 2, exactly as
-    # a serial engine (where it simply waited) runs it.
+    # boundary: 3 is rolled back and runs again on the committed world, as chunk 2, as a serial
+    # engine (where it simply waited) runs it.
     _, serial_out, _ = _play(False, 5, _cancel_at_commit(2))
     e, piped_out, _ = _play(True, 5, _cancel_at_commit(2))
-    assert sorted(piped_out) == sorted(serial_out)
+    assert_same_outcomes(piped_out, serial_out)
     b = [(kind, chunk) for kind, sid, chunk, _ in piped_out if sid == "b"]
     assert ("ChunkCancelled", 2) in b and [c for k, c in b if k == "ChunkCommitted"] == [1, 2, 3, 4]
     assert e.runner.streams["b"].state.chunks == 4
@@ -155,7 +166,7 @@ def _poison_chunk_two_of_b(e: Engine) -> None:
 def test_a_chunk_whose_predecessor_fails_runs_again_on_the_committed_world():
     _, serial_out, _ = _play(False, 4, setup=_poison_chunk_two_of_b)
     _, piped_out, _ = _play(True, 4, setup=_poison_chunk_two_of_b)
-    assert sorted(piped_out) == sorted(serial_out)
+    assert_same_outcomes(piped_out, serial_out)
     b = [(kind, chunk) for kind, sid, chunk, _ in piped_out if sid == "b"]
     assert ("ChunkFailed", 2) in b and [c for k, c in b if k == "ChunkCommitted"] == [1, 2, 3]
 
