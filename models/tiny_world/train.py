@@ -7,7 +7,7 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
     data     simulate `episodes` worlds x `episode_frames` frames of random_policy (seeded, not saved)
     ae       the fast autoencoder on single frames: L1 + MSE, with noise on the latents so the
              decoder tolerates the DiT's small errors; then per-channel latent statistics
-    latents  every episode frame encoded once (DIR/latents.safetensors)
+    latents  every episode frame encoded once, with its action row and camera (DIR/latents.safetensors)
     dit      the causal DiT by flow matching on clips of 1 + clip_chunks * chunk_frames latent
              frames, teacher-forced (CausVid): one sequence holds a clean copy of the clip and a
              noisy copy of its chunks; a noisy chunk attends to the clean copies of the chunks
@@ -21,6 +21,10 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              ground-truth start frame under the clip's actions) instead of the ground truth, and
              every chunk is still trained toward the simulator's frames, so the model learns to
              correct the errors its own history carries (exposure bias; DAgger / Self-Forcing).
+             With `sf_mask` a self-rolled clip is supervised only where its target is a function
+             of what the model was given: latent pixels whose whole footprint was in view in the
+             clip's ground-truth start frame (terrain revealed later is not predictable from it;
+             the model card's issue 11 experiments measure whether that was the cause of blur).
     export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
@@ -85,6 +89,7 @@ class TrainConfig:
     sf_warmup: int = 50  # linear warm-up steps
     sf_clip_chunks: int = 4  # chunks per clip; the history of chunk j is the rollout of chunks < j
     sf_p_self: float = 0.75  # share of clips whose history is the model's own rollout
+    sf_mask: bool = False  # self-rolled clips: loss only on latents seen in the start frame
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -136,6 +141,20 @@ def teacher_forcing_layout(n_chunks: int, chunk: int, window: int) -> tuple[torc
         s += chunk
     positions = torch.cat([torch.arange(f), torch.arange(1, f)])
     return mask, positions, f
+
+
+def seen_latent_mask(cameras: torch.Tensor, size: int, patch: int) -> torch.Tensor:
+    """Which latent pixels of every clip frame show only ground the clip's start frame showed.
+
+    `cameras` (B, F, 2) is the view's top-left corner (x, y) in frame pixels for the clip's
+    frames; frame pixel p of frame j shows what pixel p + camera_j - camera_0 of frame 0 shows,
+    so it was seen iff that pixel lies inside [0, size)^2. A latent pixel covers a `patch` x
+    `patch` block of frame pixels and counts as seen iff all of them were. Returns (B, F, h, w)
+    float32 of 0/1 with h = w = size // patch (frame 0 is all ones)."""
+    d = cameras - cameras[:, :1]  # (B, F, 2) shift relative to the start frame
+    lo = torch.arange(0, size, patch, dtype=torch.float32)  # first pixel of each latent row/column
+    inside = (lo + d[..., None] >= 0) & (lo + patch + d[..., None] <= size)  # (B, F, 2, n)
+    return (inside[:, :, 1, :, None] & inside[:, :, 0, None, :]).float()
 
 
 def sample_sigmas(
@@ -397,12 +416,14 @@ class Trainer:
         self.ae.set_normalisation(z.mean(dim=(0, 2, 3, 4)), z.std(dim=(0, 2, 3, 4)))
 
     @torch.no_grad()
-    def latents(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every episode frame encoded (E, N+1, C, h, w) float16, cached in DIR/latents.safetensors."""
+    def latents(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Every episode frame encoded (E, N+1, C, h, w) float16, its action rows and the camera
+        of every frame (E, N+1, 2) (None in caches written before cameras were recorded), cached
+        in DIR/latents.safetensors."""
         path = self.out / "latents.safetensors"
         if path.is_file():
             data = load_file(str(path))
-            return data["latents"], data["actions"]
+            return data["latents"], data["actions"], data.get("cameras")
         eps = self.data()
         self.ae.eval()
         dec = FastStreamingDecoder(self.ae)
@@ -411,13 +432,15 @@ class Trainer:
             out.append(dec.encode(ep).transpose(0, 1).half())  # (N+1, C, h, w)
         lat = torch.stack(out)
         actions = torch.from_numpy(eps.actions)
-        save_file({"latents": lat.contiguous(), "actions": actions.contiguous()}, str(path))
-        return lat, actions
+        cameras = torch.from_numpy(eps.cameras)
+        tensors = {"latents": lat, "actions": actions, "cameras": cameras}
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+        return lat, actions, cameras
 
     def train_dit(self) -> bool:
         """Returns False when the time limit stopped it."""
         c, dit = self.cfg, self.dit
-        lat, acts = self.latents()
+        lat, acts, _ = self.latents()
         self.episodes = None  # the frames are no longer needed
         dcfg = dit.cfg
         mask, positions, f = teacher_forcing_layout(c.clip_chunks, dcfg.chunk_frames, dcfg.window_frames)
@@ -452,8 +475,10 @@ class Trainer:
     def train_sf(self) -> bool:
         """The self-forced stage; returns False when the time limit stopped it."""
         c, dit = self.cfg, self.dit
-        lat, acts = self.latents()
+        lat, acts, cams = self.latents()
         self.episodes = None
+        if c.sf_mask and cams is None:
+            raise SystemExit(f"{self.out}/latents.safetensors has no cameras; sf_mask needs a fresh encode")
         sched = world_config().schedule
         chunk = dit.cfg.chunk_frames
         mask, positions, f = teacher_forcing_layout(c.sf_clip_chunks, chunk, dit.cfg.window_frames)
@@ -474,13 +499,23 @@ class Trainer:
                 dit.eval()
                 hist[own] = rollout_history(dit, x0[own], a[own], sched, self.gen)
                 dit.train()
-            loss, gnorm = self.flow_step(x0, hist, a, mask, positions, f, c.sf_lr, c.sf_steps, c.sf_warmup)
+            weight = None
+            if c.sf_mask:
+                # Ground-truth clips keep the full loss; self-rolled ones only where it is determined.
+                seen = seen_latent_mask(cams[e[:, None], idx], SIZE, SIZE // x0.shape[-1])  # (B, F, h, w)
+                weight = torch.where(own[:, None, None, None], seen, torch.ones_like(seen))[:, None, 1:]
+            loss, gnorm = self.flow_step(
+                x0, hist, a, mask, positions, f, c.sf_lr, c.sf_steps, c.sf_warmup, weight
+            )
             self.step += 1
             bar.update(1)
             if self.step % c.log_every == 0 or self.step == c.sf_steps:
                 drift = (hist[own] - x0[own]).pow(2).mean().item() if own.any() else 0.0
                 bar.set_postfix(loss=f"{loss:.4f}", drift=f"{drift:.3f}")
-                self.log({"loss": loss, "grad_norm": gnorm, "history_mse": drift, "t": self.total_elapsed()})
+                record = {"loss": loss, "grad_norm": gnorm, "history_mse": drift, "t": self.total_elapsed()}
+                if weight is not None:
+                    record["supervised"] = weight.mean().item()  # share of the noisy latents in the loss
+                self.log(record)
             if not self.step_done(bar):
                 return False
         bar.close()
@@ -499,10 +534,13 @@ class Trainer:
         peak_lr: float,
         total: int,
         warmup: int,
+        weight: torch.Tensor | None = None,
     ) -> tuple[float, float]:
         """One optimiser step of the teacher-forced flow loss: the noisy chunks are the
         ground truth `x0` (B, C, F, h, w), the clean copies they attend to are `hist` (the
-        ground truth itself, or the model's rollout). Updates the EMA; returns (loss, grad norm)."""
+        ground truth itself, or the model's rollout). `weight` (B, 1, F-1, h, w) weights the
+        noisy frames' squared errors (normalised by its sum; None: the plain mean). Updates the
+        EMA; returns (loss, grad norm)."""
         c, dit = self.cfg, self.dit
         sched = world_config().schedule
         chunk = dit.cfg.chunk_frames
@@ -524,7 +562,11 @@ class Trainer:
         err = (pred - (eps_n - x0[:, :, 1:])).pow(2)
         if c.loss_weight == "x0":
             err = err * sig_n_f[:, None, :, None, None].pow(2)
-        loss = err.mean()
+        if weight is None:
+            loss = err.mean()
+        else:
+            weight = weight.expand_as(err)
+            loss = (err * weight).sum() / weight.sum().clamp_min(1.0)
         for group in self.dit_opt.param_groups:
             group["lr"] = lr_at(self.step, total, peak_lr, warmup)
         self.dit_opt.zero_grad(set_to_none=True)
@@ -566,6 +608,14 @@ class Trainer:
             torch.set_flush_denormal(False)
 
 
+def parse_bool(text: str) -> bool:
+    """A command-line boolean (`bool("false")` would be True)."""
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m models.tiny_world.train", description=__doc__.split("\n")[0]
@@ -598,9 +648,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in fields(TrainConfig):
         if f.name != "seed":
             flag = "--" + f.name.replace("_", "-")
-            parser.add_argument(
-                flag, type=type(f.default), default=None, help=f"override {f.name} ({f.default})"
-            )
+            kind = parse_bool if isinstance(f.default, bool) else type(f.default)
+            parser.add_argument(flag, type=kind, default=None, help=f"override {f.name} ({f.default})")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)

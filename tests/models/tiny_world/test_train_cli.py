@@ -52,12 +52,25 @@ def test_train_stops_at_the_time_limit_and_resumes(tmp_path: Path, capsys):
 
 def test_self_forced_stage_runs_after_the_dit_and_from_a_model_directory(tmp_path: Path, capsys):
     first = tmp_path / "run"
-    sf_args = ["--sf-steps", "2", "--sf-batch", "1", "--sf-clip-chunks", "2"]
+    sf_args = [
+        "--sf-steps",
+        "2",
+        "--sf-batch",
+        "2",
+        "--sf-clip-chunks",
+        "2",
+        "--sf-p-self",
+        "1",
+        "--sf-mask",
+        "true",
+    ]
     assert main(["--out", str(first), *TINY, *sf_args]) == 0
     log = [json.loads(line) for line in (first / "train_log.jsonl").read_text().splitlines()]
     sf = [r for r in log if r["stage"] == "sf" and "loss" in r]
     assert [r["step"] for r in sf] == [1, 2]
     assert all(r["history_mse"] >= 0.0 for r in sf)
+    assert all(0.0 < r["supervised"] <= 1.0 for r in sf)  # the masked loss ran
+    assert torch.load(first / "ckpt.pt", weights_only=False)["config"]["sf_mask"] is True
     assert load_world(first / "model").config.id == "tiny-world"
 
     second = tmp_path / "finetune"  # a second stage from an exported model directory
