@@ -5,6 +5,7 @@ An episode is one world (a seed) played for N frames by `random_policy(seed, N)`
     frames  (N+1, H, W, 3)  frame 0 before any action, frame i after actions[i-1]
     cameras (N+1, 2)        the view's top-left corner (x, y) of frame i in frame pixels (world
                             units times the scale); the self-forced stage's loss mask uses it
+    players (N+1, 2)        the player's centre (x, y) on screen in frame pixels (own-world targets)
     actions (N+1, width)    row i: the keys that *produced* frame i (row 0 is idle), laid out as
                             the model's action rows [key multi-hot in KEYS order | mouse dx, dy = 0]
 
@@ -36,6 +37,7 @@ class Episodes:
     actions: np.ndarray  # (E, N+1, width) float32 action rows (row 0 idle)
     seeds: np.ndarray  # (E,) int64 world seeds
     cameras: np.ndarray  # (E, N+1, 2) float32 camera top-left (x, y) per frame, frame pixels
+    players: np.ndarray  # (E, N+1, 2) float32 player centre (x, y) on screen per frame, frame pixels
 
     def __len__(self) -> int:
         return self.frames.shape[0]
@@ -55,6 +57,7 @@ def make_episodes(seeds: Sequence[int], n_actions: int, size: int = 64, progress
     frames = np.empty((len(seeds), n_actions + 1, size, size, 3), dtype=np.uint8)
     actions = np.empty((len(seeds), n_actions + 1, SPACE.width), dtype=np.float32)
     cameras = np.empty((len(seeds), n_actions + 1, 2), dtype=np.float32)
+    players = np.empty((len(seeds), n_actions + 1, 2), dtype=np.float32)
     for i, seed in enumerate(tqdm(seeds, desc="simulate", unit="ep", disable=not progress)):
         policy = random_policy(int(seed), n_actions)
         sim = simulate(int(seed), policy, config)
@@ -62,5 +65,6 @@ def make_episodes(seeds: Sequence[int], n_actions: int, size: int = 64, progress
         actions[i] = action_rows(policy)
         # The player's centre in the world and on screen pin the camera: screen = (world - cam) * scale.
         cameras[i] = sim.player_world_pos * config.scale - sim.player_pos
+        players[i] = sim.player_pos
     seeds_arr = np.asarray(seeds, dtype=np.int64)
-    return Episodes(frames=frames, actions=actions, seeds=seeds_arr, cameras=cameras)
+    return Episodes(frames=frames, actions=actions, seeds=seeds_arr, cameras=cameras, players=players)

@@ -25,6 +25,12 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              of what the model was given: latent pixels whose whole footprint was in view in the
              clip's ground-truth start frame (terrain revealed later is not predictable from it;
              the model card's issue 11 experiments measure whether that was the cause of blur).
+             With `sf_target` "own" a self-rolled clip's targets come from the model's own world
+             instead of the game's: each chunk's target frames are the model's last frame before
+             the chunk (decoded), shifted by the game's camera motion, the player sprite repainted
+             where the game has it, re-encoded; the newly revealed strip is out of the loss. The
+             target never asks for a blend of two worlds, only for the game's scroll, wall stops
+             and stillness (`own_world_targets`; `sf_mask` is then unused).
     export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
@@ -51,6 +57,7 @@ from tqdm import tqdm
 
 from models.causal_wan import CausalWan, frame_attention_mask
 from models.fast_decoder import FastAutoencoder, FastStreamingDecoder
+from models.game import GameConfig
 from models.sampler import FlowSchedule, add_noise
 from models.tiny_world import SIZE, ae_config, dit_config, world_config
 from models.tiny_world.data import Episodes, make_episodes
@@ -90,6 +97,7 @@ class TrainConfig:
     sf_clip_chunks: int = 4  # chunks per clip; the history of chunk j is the rollout of chunks < j
     sf_p_self: float = 0.75  # share of clips whose history is the model's own rollout
     sf_mask: bool = False  # self-rolled clips: loss only on latents seen in the start frame
+    sf_target: str = "game"  # self-rolled clips' targets: "game" (simulator) or "own" (own_world_targets)
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -155,6 +163,61 @@ def seen_latent_mask(cameras: torch.Tensor, size: int, patch: int) -> torch.Tens
     lo = torch.arange(0, size, patch, dtype=torch.float32)  # first pixel of each latent row/column
     inside = (lo + d[..., None] >= 0) & (lo + patch + d[..., None] <= size)  # (B, F, 2, n)
     return (inside[:, :, 1, :, None] & inside[:, :, 0, None, :]).float()
+
+
+def own_world_targets(
+    last: torch.Tensor,
+    shifts: torch.Tensor,
+    last_player: torch.Tensor,
+    players: torch.Tensor,
+    player_size: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target frames in the model's own world: its latest frame moved as the game's camera moves.
+
+    `last` (B, 3, H, W) in [-1, 1] is the model's latest frame, `shifts` (B, T, 2) the game's
+    camera of each target frame minus its camera at `last` (x, y, frame pixels; rounded),
+    `last_player` (B, 2) and `players` (B, T, 2) the game's player centre on screen at `last` and
+    at each target frame. The sprite is erased from `last` (its box, 1 px wider for the model's
+    blur, filled with the pixel row just above it, or below at the top edge), the result shifted
+    (target pixel p shows pixel p + shift of `last`), the pixels it does not cover set to 0
+    and marked invalid, and a `player_size` magenta square painted at each target's player
+    position (pixels whose centres lie in it, as the game draws it). Returns (frames
+    (B, 3, T, H, W), valid (B, T, H, W) bool)."""
+    b, _, h, w = last.shape
+    t = shifts.shape[1]
+    clean = last.clone()
+    half = player_size / 2.0
+    for i in range(b):
+        (px, py) = last_player[i].tolist()
+        x0, x1 = max(math.ceil(px - half - 1.5), 0), min(math.ceil(px + half + 0.5), w)
+        y0, y1 = max(math.ceil(py - half - 1.5), 0), min(math.ceil(py + half + 0.5), h)
+        if x0 < x1 and y0 < y1:
+            src = y0 - 1 if y0 > 0 else min(y1, h - 1)
+            clean[i, :, y0:y1, x0:x1] = clean[i, :, src : src + 1, x0:x1]
+    d = shifts.round().long()  # (B, T, 2)
+    xs = torch.arange(w)[None, None] + d[..., :1]  # (B, T, W)
+    ys = torch.arange(h)[None, None] + d[..., 1:]  # (B, T, H)
+    valid = ((ys >= 0) & (ys < h))[..., :, None] & ((xs >= 0) & (xs < w))[..., None, :]  # (B, T, H, W)
+    pix = clean.permute(0, 2, 3, 1)  # (B, H, W, 3)
+    bi = torch.arange(b)[:, None, None, None]
+    frames = pix[bi, ys.clamp(0, h - 1)[..., :, None], xs.clamp(0, w - 1)[..., None, :]]  # (B, T, H, W, 3)
+    frames = frames * valid[..., None]
+    magenta = torch.tensor([1.0, -1.0, 1.0])
+    for i in range(b):
+        for j in range(t):
+            px, py = players[i, j].tolist()
+            x0, x1 = max(math.ceil(px - half - 0.5), 0), min(math.ceil(px + half - 0.5), w)
+            y0, y1 = max(math.ceil(py - half - 0.5), 0), min(math.ceil(py + half - 0.5), h)
+            frames[i, j, y0:y1, x0:x1] = magenta
+    return frames.permute(0, 4, 1, 2, 3), valid
+
+
+def valid_latent_mask(valid: torch.Tensor, patch: int) -> torch.Tensor:
+    """(B, T, H, W) bool frame pixels -> (B, T, H/patch, W/patch) float 0/1: a latent pixel
+    counts iff its whole `patch` x `patch` footprint is valid."""
+    b, t, h, w = valid.shape
+    blocks = valid.view(b, t, h // patch, patch, w // patch, patch)
+    return blocks.all(dim=5).all(dim=3).float()
 
 
 def sample_sigmas(
@@ -416,14 +479,14 @@ class Trainer:
         self.ae.set_normalisation(z.mean(dim=(0, 2, 3, 4)), z.std(dim=(0, 2, 3, 4)))
 
     @torch.no_grad()
-    def latents(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Every episode frame encoded (E, N+1, C, h, w) float16, its action rows and the camera
-        of every frame (E, N+1, 2) (None in caches written before cameras were recorded), cached
-        in DIR/latents.safetensors."""
+    def latents(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Every episode frame encoded (E, N+1, C, h, w) float16, its action rows, the camera
+        and the player's screen position of every frame (E, N+1, 2) (None in caches written
+        before they were recorded), cached in DIR/latents.safetensors."""
         path = self.out / "latents.safetensors"
         if path.is_file():
             data = load_file(str(path))
-            return data["latents"], data["actions"], data.get("cameras")
+            return data["latents"], data["actions"], data.get("cameras"), data.get("players")
         eps = self.data()
         self.ae.eval()
         dec = FastStreamingDecoder(self.ae)
@@ -433,14 +496,15 @@ class Trainer:
         lat = torch.stack(out)
         actions = torch.from_numpy(eps.actions)
         cameras = torch.from_numpy(eps.cameras)
-        tensors = {"latents": lat, "actions": actions, "cameras": cameras}
+        players = torch.from_numpy(eps.players)
+        tensors = {"latents": lat, "actions": actions, "cameras": cameras, "players": players}
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
-        return lat, actions, cameras
+        return lat, actions, cameras, players
 
     def train_dit(self) -> bool:
         """Returns False when the time limit stopped it."""
         c, dit = self.cfg, self.dit
-        lat, acts, _ = self.latents()
+        lat, acts, _, _ = self.latents()
         self.episodes = None  # the frames are no longer needed
         dcfg = dit.cfg
         mask, positions, f = teacher_forcing_layout(c.clip_chunks, dcfg.chunk_frames, dcfg.window_frames)
@@ -475,10 +539,14 @@ class Trainer:
     def train_sf(self) -> bool:
         """The self-forced stage; returns False when the time limit stopped it."""
         c, dit = self.cfg, self.dit
-        lat, acts, cams = self.latents()
+        lat, acts, cams, players = self.latents()
         self.episodes = None
-        if c.sf_mask and cams is None:
+        if c.sf_target not in ("game", "own"):
+            raise SystemExit(f"sf_target must be 'game' or 'own', not {c.sf_target!r}")
+        if (c.sf_mask or c.sf_target == "own") and cams is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no cameras; sf_mask needs a fresh encode")
+        if c.sf_target == "own" and players is None:
+            raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
         sched = world_config().schedule
         chunk = dit.cfg.chunk_frames
         mask, positions, f = teacher_forcing_layout(c.sf_clip_chunks, chunk, dit.cfg.window_frames)
@@ -500,7 +568,15 @@ class Trainer:
                 hist[own] = rollout_history(dit, x0[own], a[own], sched, self.gen)
                 dit.train()
             weight = None
-            if c.sf_mask:
+            if c.sf_target == "own":
+                # Self-rolled clips: targets from the model's own world; ground-truth clips as usual.
+                weight = torch.ones_like(x0[:, :1, 1:])
+                if own.any():
+                    sel = e[:, None][own.numpy()], idx[own.numpy()]
+                    tgt, w_own = self.own_targets(hist[own], cams[sel], players[sel])
+                    x0 = x0.clone()
+                    x0[own], weight[own] = tgt, w_own
+            elif c.sf_mask:
                 # Ground-truth clips keep the full loss; self-rolled ones only where it is determined.
                 seen = seen_latent_mask(cams[e[:, None], idx], SIZE, SIZE // x0.shape[-1])  # (B, F, h, w)
                 weight = torch.where(own[:, None, None, None], seen, torch.ones_like(seen))[:, None, 1:]
@@ -522,6 +598,33 @@ class Trainer:
         self.stage, self.step = "done", 0
         self.checkpoint()
         return True
+
+    @torch.no_grad()
+    def own_targets(
+        self, hist: torch.Tensor, cams: torch.Tensor, players: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Own-world targets of self-rolled clips `hist` (B, C, F, h, w) given the game's cameras
+        and player positions (B, F, 2): every chunk's frames come from the clip's frame just
+        before the chunk (`own_world_targets`), re-encoded. Returns (latents (B, C, F, h, w),
+        frame 0 copied from `hist`; loss weight (B, 1, F-1, h, w))."""
+        chunk, f = self.dit.cfg.chunk_frames, hist.shape[2]
+        patch = SIZE // hist.shape[-1]
+        size = GameConfig(size=SIZE)
+        self.ae.eval()
+        out = hist.clone()
+        weight = torch.ones_like(hist[:, :1, 1:])
+        for s in range(1, f, chunk):
+            last = self.ae.decode_float(hist[:, :, s - 1 : s])[:, :, 0].clamp(-1.0, 1.0)
+            frames, valid = own_world_targets(
+                last,
+                cams[:, s : s + chunk] - cams[:, s - 1 : s],
+                players[:, s - 1],
+                players[:, s : s + chunk],
+                size.player_size * size.scale,
+            )
+            out[:, :, s : s + chunk] = self.ae.encode_float(frames)
+            weight[:, 0, s - 1 : s - 1 + chunk] = valid_latent_mask(valid, patch)
+        return out, weight
 
     def flow_step(
         self,
