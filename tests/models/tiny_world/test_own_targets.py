@@ -13,6 +13,7 @@ import torch
 from models.game import Game
 from models.tiny_world.data import make_episodes
 from models.tiny_world.train import main, own_world_targets, valid_latent_mask
+from tests.models.tiny_world.test_train_cli import TINY
 
 MAGENTA = torch.tensor([1.0, -1.0, 1.0])
 
@@ -95,26 +96,11 @@ def test_recorded_player_positions_are_the_games():
 
 
 def test_own_targets_train_from_the_cli(tmp_path: Path):
-    tiny = [
-        "--episodes", "2", "--episode-frames", "12", "--ae-steps", "3", "--ae-batch", "2",
-        "--dit-steps", "2", "--dit-batch", "1", "--clip-chunks", "1", "--warmup", "1",
-        "--ckpt-every", "100", "--log-every", "1", "--no-progress", "--threads", "1",
-    ]  # fmt: skip
     n = torch.get_num_threads()
     try:
-        sf = [
-            "--sf-steps",
-            "2",
-            "--sf-batch",
-            "2",
-            "--sf-clip-chunks",
-            "2",
-            "--sf-p-self",
-            "1",
-            "--sf-target",
-            "own",
-        ]
-        assert main(["--out", str(tmp_path), *tiny, *sf]) == 0
+        sf = ["--sf-steps", "2", "--sf-batch", "2", "--sf-clip-chunks", "2"]
+        sf += ["--sf-p-self", "1", "--sf-target", "own"]
+        assert main(["--out", str(tmp_path), *TINY, *sf]) == 0
     finally:
         torch.set_num_threads(n)
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
