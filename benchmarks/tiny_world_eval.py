@@ -451,6 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="streams the engine batches together")
     parser.add_argument("--steps", default=None, help="override the schedule's steps, e.g. 1000,500")
     parser.add_argument("--context-noise", type=float, default=None, help="override context_noise")
+    parser.add_argument("--sampler", choices=("renoise", "euler"), default=None, help="override the sampler")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--tag", default="", help="suffix of the output file names")
     parser.add_argument("--threads", type=int, default=2)
@@ -463,6 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.steps:
         steps = tuple(int(s) for s in args.steps.split(","))
         world.config.schedule = dataclasses.replace(world.config.schedule, steps=steps)
+    if args.sampler:
+        world.config.schedule = dataclasses.replace(world.config.schedule, sampler=args.sampler)
     if args.context_noise is not None:
         world.config.context_noise = args.context_noise
     mid = world.config.id

@@ -3,18 +3,28 @@
 Flow matching interpolates ``x_sigma = (1 - sigma) * x0 + sigma * noise``. A step list such as
 [1000, 750, 500, 250] is warped by the timestep shift, ``sigma = shift*s / (1 + (shift-1)*s)``
 with ``s = step / 1000``, exactly as Self-Forcing indexes its shifted scheduler. Each step
-predicts x0, then re-noises it to the next sigma with fresh noise. The loop lives in
-runtime/runner.py; this module only holds the numbers and the two formulas.
+predicts x0, then moves to the next sigma in one of two ways (`FlowSchedule.sampler`):
+
+* ``renoise``: fresh noise around the clean estimate (Self-Forcing / DMD). Right for a few-step
+  *generator* (a distilled model whose x0 is a sample); for a model trained by plain flow
+  matching its x0 is the posterior *mean*, and re-noising the mean loses what the noise had
+  already decided, so the result drifts toward the mean: blur.
+* ``euler``: the deterministic flow ODE step (DDIM for flow matching), which keeps the current
+  noise: ``x' = x0 + (sigma' / sigma) (x - x0)``. A regression-trained model samples sharply.
+
+The loop lives in runtime/runner.py; this module only holds the numbers and the formulas.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 Prediction = Literal["flow", "x0"]
+Sampler = Literal["renoise", "euler"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +35,11 @@ class FlowSchedule:
     shift: float = 5.0  # timestep shift (Wan: 5 at 480p, 3 at lower resolutions)
     num_train: int = 1000  # training timesteps
     prediction: Prediction = "flow"  # "flow": model predicts noise - x0 (Wan); "x0": predicts x0
+    sampler: Sampler = "renoise"  # how a step reaches the next sigma (see the module docstring)
+
+    def __post_init__(self) -> None:
+        if self.sampler not in ("renoise", "euler"):
+            raise ValueError(f"sampler must be 'renoise' or 'euler', not {self.sampler!r}")
 
     def sigma(self, step: float) -> float:
         """Shifted noise level in [0, 1] of a raw step value."""
@@ -46,6 +61,20 @@ class FlowSchedule:
         if self.prediction == "flow":
             return x_t - sigma * pred
         return pred
+
+    def next_x(
+        self,
+        x0: torch.Tensor,
+        x_t: torch.Tensor,
+        sigma: float,
+        sigma_next: float,
+        noise: Callable[[], torch.Tensor],
+    ) -> torch.Tensor:
+        """The next step's input at `sigma_next` from the clean estimate `x0` of `x_t` (at `sigma`);
+        `noise()` draws fresh noise, called only by the `renoise` sampler."""
+        if self.sampler == "euler":
+            return x0 + (sigma_next / sigma) * (x_t - x0)
+        return add_noise(x0, noise(), sigma_next)
 
 
 def add_noise(x0: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:

@@ -42,7 +42,6 @@ import torch
 
 from models.actions import FrameAction, group_actions
 from models.kv_pool import ChunkIndex
-from models.sampler import add_noise
 from models.world import Conditioning, World
 from runtime.kv_cache import KVLayout
 from runtime.plan import ScheduledChunk, StepPlan
@@ -285,7 +284,7 @@ class Batch:
                 pred = w.denoise(x, tk, self.index, self.actions)
             self.x0 = sched.to_x0(pred, x, sg)
             if k + 1 < len(steps):
-                x = add_noise(self.x0, self._noise(k + 1), sigmas[k + 1])
+                x = sched.next_x(self.x0, x, sg, sigmas[k + 1], lambda k=k: self._noise(k + 1))
         # Read on the host with the frames (no sync here): a chunk whose latents are not finite
         # (an overflowing input, a diverging model) is rolled back instead of poisoning the world.
         self.finite = torch.isfinite(self.x0).flatten(1).all(1)

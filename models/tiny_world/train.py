@@ -15,22 +15,26 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              does, with RoPE positions shared by both copies. Every chunk draws its own noise
              level (diffusion-forcing style); the clean copies get a small random noise level of
              their own (noisy-history augmentation, served as `context_noise`). EMA weights ship.
-    sf       optional second DiT stage (`sf_steps` > 0): self-forced fine-tuning. The EMA weights of
-             `dit` restart training with a fresh optimiser; for a share of the clips the history
-             frames are the model's own rollout (the serving sampler, no grad, from the clip's
-             ground-truth start frame under the clip's actions) instead of the ground truth, and
-             every chunk is still trained toward the simulator's frames, so the model learns to
-             correct the errors its own history carries (exposure bias; DAgger / Self-Forcing).
-             With `sf_mask` a self-rolled clip is supervised only where its target is a function
-             of what the model was given: latent pixels whose whole footprint was in view in the
-             clip's ground-truth start frame (terrain revealed later is not predictable from it;
-             the model card's issue 11 experiments measure whether that was the cause of blur).
-             With `sf_target` "own" a self-rolled clip's targets come from the model's own world
-             instead of the game's: each chunk's target frames are the model's last frame before
-             the chunk (decoded), shifted by the game's camera motion, the player sprite repainted
-             where the game has it, re-encoded; the newly revealed strip is out of the loss. The
-             target never asks for a blend of two worlds, only for the game's scroll, wall stops
-             and stillness (`own_world_targets`; `sf_mask` is then unused).
+    sf       the second DiT stage (`sf_steps` > 0; the shipped run: 500 steps of blurred history).
+             The EMA weights of `dit` restart training with a fresh optimiser and RNGs of their
+             own, teacher-forced as in `dit`, but with `sf_blur` a share of the clips see their
+             history frames after the start frame blurred (a Gaussian of sigma up to
+             `sf_blur_max` px, optionally colour-shifted by `sf_jitter`, re-encoded: DIR/
+             blurred.safetensors) while the targets stay the game's sharp frames. The model's
+             own rollout leaves such soft frames in its history, and a model that only ever saw
+             sharp history slows down and stops on them (exposure bias); this teaches it to keep
+             moving and to sharpen. Options measured in the model card's issue 11 experiments:
+             `sf_p_self`: a share of the clips gets the model's own rollout as history (the
+             serving sampler, no grad, from the clip's ground-truth start frame; DAgger /
+             Self-Forcing style). `sf_mask`: a self-rolled clip is supervised only on latent
+             pixels whose footprint was in view in its start frame. `sf_target` "own": a
+             self-rolled clip's targets are the model's own last frame shifted by the game's
+             camera, the sprite repainted where the game has it, re-encoded, the revealed strip
+             out of the loss (`own_world_targets`; with `sf_snap` the frame is first redrawn as
+             flat tiles on the game's grid, `snap_to_tiles`). `sf_warp`: a share of the clips'
+             last chunk sees its history slowed (the motion scaled by r in [0, 1) up to the true
+             last frame) and only that chunk is trained. `sf_patch` / `sf_window`: the stage's
+             DiT on a finer token grid / another window (`regrid`).
     export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
@@ -47,11 +51,12 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
@@ -90,14 +95,21 @@ class TrainConfig:
     loss_weight: str = "flow"  # "flow": MSE on noise - x0; "x0": the same weighted by sigma^2 (x0 error)
     ema: float = 0.999  # EMA decay of the shipped DiT weights
     # self-forced second stage (0 steps: none)
-    sf_steps: int = 0  # optimiser steps
+    sf_steps: int = 500  # optimiser steps (0: no second stage)
     sf_batch: int = 8  # clips per step
     sf_lr: float = 3e-4  # peak AdamW learning rate (cosine decay to 5%)
     sf_warmup: int = 50  # linear warm-up steps
     sf_clip_chunks: int = 4  # chunks per clip; the history of chunk j is the rollout of chunks < j
-    sf_p_self: float = 0.75  # share of clips whose history is the model's own rollout
+    sf_p_self: float = 0.0  # share of clips whose history is the model's own rollout
     sf_mask: bool = False  # self-rolled clips: loss only on latents seen in the start frame
     sf_target: str = "game"  # self-rolled clips' targets: "game" (simulator) or "own" (own_world_targets)
+    sf_snap: bool = False  # "own" targets redrawn as flat tiles on the game's grid (snap_to_tiles)
+    sf_blur: float = 0.5  # share of non-self-rolled clips whose history frames after the start are blurred
+    sf_blur_max: float = 2.0  # largest Gaussian blur sigma (frame pixels) of those history frames
+    sf_jitter: float = 0.0  # std of the colour gain / offset ([-1, 1] units) of those history frames
+    sf_warp: float = 0.0  # share of non-self-rolled clips whose last chunk sees a slowed history
+    sf_patch: int = 0  # > 0: the sf stage's DiT patch side on the latent grid (`regrid`); 0: dit_config's
+    sf_window: int = 0  # > 0: the sf stage's attention window in latent frames; 0: dit_config's
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -171,6 +183,8 @@ def own_world_targets(
     last_player: torch.Tensor,
     players: torch.Tensor,
     player_size: float,
+    grid: TileGrid | None = None,
+    camera: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Target frames in the model's own world: its latest frame moved as the game's camera moves.
 
@@ -181,19 +195,24 @@ def own_world_targets(
     blur, filled with the pixel row just above it, or below at the top edge), the result shifted
     (target pixel p shows pixel p + shift of `last`), the pixels it does not cover set to 0
     and marked invalid, and a `player_size` magenta square painted at each target's player
-    position (pixels whose centres lie in it, as the game draws it). Returns (frames
-    (B, 3, T, H, W), valid (B, T, H, W) bool)."""
+    position (pixels whose centres lie in it, as the game draws it). With `grid` and `camera`
+    (B, 2) (the game's view corner at `last`), `last` is first redrawn crisply on the game's
+    tile grid (`snap_to_tiles`, which also removes the sprite) instead of the box erase.
+    Returns (frames (B, 3, T, H, W), valid (B, T, H, W) bool)."""
     b, _, h, w = last.shape
     t = shifts.shape[1]
-    clean = last.clone()
     half = player_size / 2.0
-    for i in range(b):
-        (px, py) = last_player[i].tolist()
-        x0, x1 = max(math.ceil(px - half - 1.5), 0), min(math.ceil(px + half + 0.5), w)
-        y0, y1 = max(math.ceil(py - half - 1.5), 0), min(math.ceil(py + half + 0.5), h)
-        if x0 < x1 and y0 < y1:
-            src = y0 - 1 if y0 > 0 else min(y1, h - 1)
-            clean[i, :, y0:y1, x0:x1] = clean[i, :, src : src + 1, x0:x1]
+    if grid is not None:
+        clean = snap_to_tiles(last, camera, grid)
+    else:
+        clean = last.clone()
+        for i in range(b):
+            (px, py) = last_player[i].tolist()
+            x0, x1 = max(math.ceil(px - half - 1.5), 0), min(math.ceil(px + half + 0.5), w)
+            y0, y1 = max(math.ceil(py - half - 1.5), 0), min(math.ceil(py + half + 0.5), h)
+            if x0 < x1 and y0 < y1:
+                src = y0 - 1 if y0 > 0 else min(y1, h - 1)
+                clean[i, :, y0:y1, x0:x1] = clean[i, :, src : src + 1, x0:x1]
     d = shifts.round().long()  # (B, T, 2)
     xs = torch.arange(w)[None, None] + d[..., :1]  # (B, T, W)
     ys = torch.arange(h)[None, None] + d[..., 1:]  # (B, T, H)
@@ -210,6 +229,86 @@ def own_world_targets(
             y0, y1 = max(math.ceil(py - half - 0.5), 0), min(math.ceil(py + half - 0.5), h)
             frames[i, j, y0:y1, x0:x1] = magenta
     return frames.permute(0, 4, 1, 2, 3), valid
+
+
+@dataclass(frozen=True)
+class TileGrid:
+    """The game's drawing rules that a crisp own-world target keeps: square tiles of `tile`
+    frame pixels, each one flat shade of `shades` (K, 3) in [-1, 1]."""
+
+    tile: float
+    shades: torch.Tensor
+
+    @classmethod
+    def of(cls, config: GameConfig) -> TileGrid:
+        """The terrain grid and the eight terrain shades of a game config."""
+        shades = torch.from_numpy(config.palette.terrain().reshape(-1, 3).astype(np.float32))
+        return cls(tile=config.tile * config.scale, shades=shades / 127.5 - 1.0)
+
+
+def snap_to_tiles(frames: torch.Tensor, camera: torch.Tensor, grid: TileGrid) -> torch.Tensor:
+    """Redraw frames (B, 3, H, W) in [-1, 1] as flat tiles: every tile of the game's grid (its
+    phase from `camera` (B, 2), the view's top-left corner in frame pixels) takes the shade its
+    pixels vote for most, each pixel voting for its nearest shade. Pixels far from every shade
+    (sprites, creatures, the space ring) vote only where a tile has no other pixel, so the
+    result is terrain alone; blur between two tiles only moves a few boundary votes."""
+    b, _, h, w = frames.shape
+    k = grid.shades.shape[0]
+    pix = frames.permute(0, 2, 3, 1)  # (B, H, W, 3)
+    dist = (pix[..., None, :] - grid.shades).pow(2).sum(-1)  # (B, H, W, K)
+    near, vote = dist.min(dim=-1)
+    weight = torch.where(near < 0.1, 1.0, 1e-3)  # 0.1: ~23 levels RMS per channel from a shade
+
+    def cells(cam: torch.Tensor, n: int) -> torch.Tensor:  # (B, n) tile index of each pixel, from 0
+        first = torch.floor((cam[:, None] + torch.arange(n) + 0.5) / grid.tile)
+        return (first - first[:, :1]).long()
+
+    cy, cx = cells(camera[:, 1], h), cells(camera[:, 0], w)  # (B, H), (B, W)
+    ny, nx = int(cy.max()) + 1, int(cx.max()) + 1
+    cell = cy[:, :, None] * nx + cx[:, None, :]  # (B, H, W)
+    votes = torch.zeros(b, ny * nx * k)
+    votes.scatter_add_(1, (cell * k + vote).view(b, -1), weight.view(b, -1))
+    shade = votes.view(b, ny * nx, k).argmax(-1)  # (B, cells)
+    return grid.shades[shade.gather(1, cell.view(b, -1))].view(b, h, w, 3).permute(0, 3, 1, 2)
+
+
+def regrid(dit: CausalWan, patch: int, window: int) -> CausalWan:
+    """A copy of `dit` on a `patch` x `patch` token grid with a `window`-frame attention window.
+
+    Every block carries over unchanged; the patch embedding of a finer token is the coarse one's
+    response to a flat patch (its kernel summed over the coarse patch), and the head's output of
+    a finer token is the mean of the coarse head's outputs over its patch, so a flat region is
+    embedded and read out as before. Refining by an integer factor only."""
+    old = dit.cfg.patch_size[1]
+    if old % patch or dit.cfg.patch_size[1] != dit.cfg.patch_size[2]:
+        raise ValueError(f"cannot regrid a {dit.cfg.patch_size} patch to {patch}")
+    cfg = replace(dit.cfg, patch_size=(1, patch, patch), window_frames=window)
+    out = CausalWan(cfg)
+    state = dict(dit.state_dict())
+    f = old // patch  # fine tokens per coarse token along each side; coarse row = i * patch + fine row
+    w = state["patch_embedding.weight"]  # (D, C, 1, old, old)
+    state["patch_embedding.weight"] = w.unflatten(3, (f, patch)).unflatten(5, (f, patch)).sum((3, 5))
+    c = cfg.out_channels
+    head_w = state["proj_out.weight"].view(f, patch, f, patch, c, -1)  # rows ordered (ph, pw, C)
+    head_b = state["proj_out.bias"].view(f, patch, f, patch, c)
+    state["proj_out.weight"] = head_w.mean((0, 2)).flatten(0, 2)
+    state["proj_out.bias"] = head_b.mean((0, 2)).flatten()
+    out.load_state_dict(state)
+    return out
+
+
+def gaussian_blur(frames: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """Blur frames (N, 3, H, W) with a separable Gaussian of per-frame `sigma` (N,) pixels
+    (edges replicated; sigma 0 leaves a frame as it is)."""
+    radius = max(1, math.ceil(3 * float(sigma.max())))
+    d = torch.arange(-radius, radius + 1, dtype=torch.float32)
+    k = torch.exp(-0.5 * (d / sigma.clamp_min(1e-3)[:, None]) ** 2)  # (N, 2r+1)
+    k = k / k.sum(1, keepdim=True)
+    x = torch.nn.functional.pad(frames, (radius,) * 4, mode="replicate")
+    rows = x.unfold(3, 2 * radius + 1, 1)  # (N, 3, H+2r, W, 2r+1)
+    x = (rows * k[:, None, None, None, :]).sum(-1)
+    cols = x.unfold(2, 2 * radius + 1, 1)  # (N, 3, H, W, 2r+1)
+    return (cols * k[:, None, None, None, :]).sum(-1)
 
 
 def valid_latent_mask(valid: torch.Tensor, patch: int) -> torch.Tensor:
@@ -268,7 +367,7 @@ def rollout_history(
             pred = dit.forward_dense(seq, t, text, mask, actions[:, : s + chunk])[:, :, s:]
             x0_hat = schedule.to_x0(pred, x, sg)
             if k + 1 < len(sigmas):
-                x = add_noise(x0_hat, noise(j, k + 1), sigmas[k + 1])
+                x = schedule.next_x(x0_hat, x, sg, sigmas[k + 1], lambda j=j, k=k: noise(j, k + 1))
         out[:, :, s : s + chunk] = x0_hat
     return out
 
@@ -363,6 +462,10 @@ class Trainer:
         if mean:
             self.ae.set_normalisation(torch.tensor(mean), torch.tensor(std))
         self.ae_opt.load_state_dict(state["ae_opt"])
+        if self.stage in ("sf", "done") and (self.cfg.sf_patch or self.cfg.sf_window):
+            self.ema = regrid(self.ema, *self.sf_grid()).requires_grad_(False)
+            self.dit = regrid(self.ema, *self.sf_grid())
+            self.dit_opt = torch.optim.AdamW(self.dit.parameters(), betas=(0.9, 0.99), weight_decay=0.01)
         self.dit.load_state_dict(state["dit"])
         self.ema.load_state_dict(state["ema"])
         self.dit_opt.load_state_dict(state["dit_opt"])
@@ -402,12 +505,20 @@ class Trainer:
         RNGs of its own (so the stage does not depend on how the previous one was reached)."""
         c = self.cfg
         self.step = 0
+        if c.sf_patch or c.sf_window:
+            self.ema = regrid(self.ema, *self.sf_grid()).requires_grad_(False)
+            self.dit = regrid(self.ema, *self.sf_grid())
         self.dit.load_state_dict(self.ema.state_dict())
         self.dit_opt = torch.optim.AdamW(
             self.dit.parameters(), lr=c.sf_lr, betas=(0.9, 0.99), weight_decay=0.01
         )
         self.rng = np.random.default_rng([c.seed, 2])
         self.gen = torch.Generator().manual_seed(c.seed + 2_000_003)
+
+    def sf_grid(self) -> tuple[int, int]:
+        """(patch, window) of the sf stage's DiT."""
+        base = dit_config()
+        return self.cfg.sf_patch or base.patch_size[1], self.cfg.sf_window or base.window_frames
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -501,6 +612,36 @@ class Trainer:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
         return lat, actions, cameras, players
 
+    def blurred_latents(self) -> torch.Tensor:
+        """Every episode frame degraded as the model's own rollout leaves its history: blurred
+        (`gaussian_blur`, sigma uniform in [0.5, sf_blur_max] per frame) and, with `sf_jitter`,
+        its colours shifted (per frame and channel: gain 1 + N(0, jitter), offset N(0, jitter)),
+        then encoded; (E, N+1, C, h, w) float16, seeded. Cached in DIR/blurred.safetensors with
+        the settings that made it (a cache made otherwise is rebuilt)."""
+        c = self.cfg
+        path = self.out / "blurred.safetensors"
+        meta = {"seed": str(c.seed), "blur_max": str(c.sf_blur_max), "jitter": str(c.sf_jitter)}
+        if path.is_file():
+            with safe_open(str(path), "pt") as f:
+                if f.metadata() == meta:
+                    return f.get_tensor("latents")
+        eps = self.data()
+        gen = torch.Generator().manual_seed(c.seed + 3_000_017)
+        self.ae.eval()
+        out = []
+        for ep in tqdm(eps.frames, desc="encode blurred", unit="ep", disable=not self.progress):
+            frames = torch.from_numpy(ep).float().permute(0, 3, 1, 2) / 127.5 - 1.0  # (N+1, 3, H, W)
+            n = frames.shape[0]
+            soft = gaussian_blur(frames, 0.5 + torch.rand(n, generator=gen) * (c.sf_blur_max - 0.5))
+            if c.sf_jitter > 0:
+                gain = 1.0 + c.sf_jitter * torch.randn(n, 3, 1, 1, generator=gen)
+                soft = (soft * gain + c.sf_jitter * torch.randn(n, 3, 1, 1, generator=gen)).clamp(-1.0, 1.0)
+            with torch.no_grad():
+                out.append(self.ae.encode_float(soft.transpose(0, 1)[None])[0].transpose(0, 1).half())
+        lat = torch.stack(out)
+        save_file({"latents": lat.contiguous()}, str(path), metadata=meta)
+        return lat
+
     def train_dit(self) -> bool:
         """Returns False when the time limit stopped it."""
         c, dit = self.cfg, self.dit
@@ -540,7 +681,6 @@ class Trainer:
         """The self-forced stage; returns False when the time limit stopped it."""
         c, dit = self.cfg, self.dit
         lat, acts, cams, players = self.latents()
-        self.episodes = None
         if c.sf_target not in ("game", "own"):
             raise SystemExit(f"sf_target must be 'game' or 'own', not {c.sf_target!r}")
         if (c.sf_mask or c.sf_target == "own") and cams is None:
@@ -551,6 +691,8 @@ class Trainer:
         chunk = dit.cfg.chunk_frames
         mask, positions, f = teacher_forcing_layout(c.sf_clip_chunks, chunk, dit.cfg.window_frames)
         n_eps, n_frames = lat.shape[:2]
+        blurred = self.blurred_latents() if c.sf_blur > 0 else None
+        self.episodes = None
         bar = tqdm(total=c.sf_steps, initial=self.step, desc="self-forced", disable=not self.progress)
         while self.step < c.sf_steps:
             e = self.rng.integers(0, n_eps, size=c.sf_batch)
@@ -563,6 +705,25 @@ class Trainer:
             b = x0.shape[0]
             own = torch.rand(b, generator=self.gen) < c.sf_p_self
             hist = x0.clone()
+            if blurred is not None:
+                # Soft history, sharp targets: the start frame stays as served (sharp).
+                soft = (torch.rand(b, generator=self.gen) < c.sf_blur) & ~own
+                if soft.any():
+                    sel = soft.numpy()
+                    hist[soft, :, 1:] = blurred[e[sel, None], idx[sel, 1:]].float().permute(0, 2, 1, 3, 4)
+            warp = torch.zeros(b, dtype=torch.bool)
+            if c.sf_warp > 0:
+                # Slowed history, true last frame: the history frames of the clip's last chunk show
+                # the motion slowed by r in [0, 1) (r = 0: frozen) up to their true last frame,
+                # under the same held keys, so the keys and not the history's apparent speed must
+                # carry the motion. Only that chunk is trained on these clips.
+                warp = (torch.rand(b, generator=self.gen) < c.sf_warp) & ~own
+                r = torch.rand(b, generator=self.gen)
+                last = f - 1 - chunk
+                frames = torch.arange(1, last + 1, dtype=torch.float32)
+                for k in warp.nonzero().flatten().tolist():
+                    src = (last - r[k] * (last - frames)).round().long()
+                    hist[k, :, 1 : last + 1] = hist[k, :, src]
             if own.any():
                 dit.eval()
                 hist[own] = rollout_history(dit, x0[own], a[own], sched, self.gen)
@@ -580,6 +741,9 @@ class Trainer:
                 # Ground-truth clips keep the full loss; self-rolled ones only where it is determined.
                 seen = seen_latent_mask(cams[e[:, None], idx], SIZE, SIZE // x0.shape[-1])  # (B, F, h, w)
                 weight = torch.where(own[:, None, None, None], seen, torch.ones_like(seen))[:, None, 1:]
+            if warp.any():
+                weight = torch.ones_like(x0[:, :1, 1:]) if weight is None else weight
+                weight[warp, :, : f - 1 - chunk] = 0.0
             loss, gnorm = self.flow_step(
                 x0, hist, a, mask, positions, f, c.sf_lr, c.sf_steps, c.sf_warmup, weight
             )
@@ -621,6 +785,8 @@ class Trainer:
                 players[:, s - 1],
                 players[:, s : s + chunk],
                 size.player_size * size.scale,
+                grid=TileGrid.of(size) if self.cfg.sf_snap else None,
+                camera=cams[:, s - 1],
             )
             out[:, :, s : s + chunk] = self.ae.encode_float(frames)
             weight[:, 0, s - 1 : s - 1 + chunk] = valid_latent_mask(valid, patch)

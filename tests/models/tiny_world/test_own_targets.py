@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from models.game import Game
+from models.game import Game, GameConfig, generate_world
 from models.tiny_world.data import make_episodes
-from models.tiny_world.train import main, own_world_targets, valid_latent_mask
+from models.tiny_world.train import TileGrid, main, own_world_targets, snap_to_tiles, valid_latent_mask
 from tests.models.tiny_world.test_train_cli import TINY
 
 MAGENTA = torch.tensor([1.0, -1.0, 1.0])
@@ -95,11 +96,60 @@ def test_recorded_player_positions_are_the_games():
     assert (xs.mean() + 0.5, ys.mean() + 0.5) == pytest.approx(tuple(eps.players[0, 0]))
 
 
+def _terrain(seed: int, camera: np.ndarray) -> np.ndarray:
+    """(64, 64, 3) uint8: the game's terrain alone (no sprites) under a view corner."""
+    world, centres = generate_world(seed, GameConfig()), np.arange(64) + 0.5
+    tx, ty = ((camera[0] + centres) // 8).astype(int), ((camera[1] + centres) // 8).astype(int)
+    return world.rgb.take(ty, axis=0).take(tx, axis=1)
+
+
+def _pixels(frame: torch.Tensor) -> np.ndarray:
+    return ((frame.permute(1, 2, 0) + 1) * 127.5).round().numpy().astype(np.uint8)
+
+
+def test_snapping_redraws_the_games_terrain_without_its_sprites_even_from_a_blurred_frame():
+    eps, grid = make_episodes([5, 7], 30), TileGrid.of(GameConfig())
+    gen = torch.Generator().manual_seed(0)
+    for e in range(2):
+        for f in (0, 17, 30):
+            frame = torch.from_numpy(eps.frames[e, f]).float().permute(2, 0, 1)[None] / 127.5 - 1
+            assert (frame[0] == MAGENTA[:, None, None]).all(dim=0).any()  # the sprite is there
+            camera = torch.from_numpy(eps.cameras[e, f])[None]
+            terrain = _terrain(int(eps.seeds[e]), eps.cameras[e, f])
+            assert np.array_equal(_pixels(snap_to_tiles(frame, camera, grid)[0]), terrain)
+            # A 3x3 box blur plus noise (the model's softening): all but thin edge tiles survive.
+            soft = torch.nn.functional.avg_pool2d(torch.nn.functional.pad(frame, (1,) * 4, "replicate"), 3, 1)
+            soft = soft + 0.05 * torch.randn(soft.shape, generator=gen)
+            wrong = (_pixels(snap_to_tiles(soft, camera, grid)[0]) != terrain).any(-1)
+            assert wrong.mean() < 0.02
+
+
+def test_snapped_targets_follow_the_grid_phase_of_the_camera():
+    eps, grid = make_episodes([5], 8), TileGrid.of(GameConfig())
+    assert eps.cameras[0, 0, 0] % 8 != 0 and eps.cameras[0, 4, 0] != eps.cameras[0, 0, 0]  # off-grid, moving
+    last = torch.from_numpy(eps.frames[0, 0]).float().permute(2, 0, 1)[None] / 127.5 - 1
+    shifts = torch.from_numpy(eps.cameras[0, 1:5] - eps.cameras[0, 0])[None]
+    frames, valid = own_world_targets(
+        last,
+        shifts,
+        torch.from_numpy(eps.players[0, 0])[None],
+        torch.from_numpy(eps.players[0, 1:5])[None],
+        6.0,
+        grid=grid,
+        camera=torch.from_numpy(eps.cameras[0, 0])[None],
+    )
+    # Where they are valid, the targets are the game's frames (terrain moved, sprite repainted).
+    for j in range(4):
+        got = _pixels(frames[0, :, j])
+        keep = valid[0, j].numpy() & ~(eps.frames[0, 1 + j] == (222, 40, 36)).all(-1)  # no creatures
+        assert keep.mean() > 0.9 and np.array_equal(got[keep], eps.frames[0, 1 + j][keep]), j
+
+
 def test_own_targets_train_from_the_cli(tmp_path: Path):
     n = torch.get_num_threads()
     try:
         sf = ["--sf-steps", "2", "--sf-batch", "2", "--sf-clip-chunks", "2"]
-        sf += ["--sf-p-self", "1", "--sf-target", "own"]
+        sf += ["--sf-p-self", "1", "--sf-target", "own", "--sf-snap", "true"]
         assert main(["--out", str(tmp_path), *TINY, *sf]) == 0
     finally:
         torch.set_num_threads(n)
@@ -107,4 +157,5 @@ def test_own_targets_train_from_the_cli(tmp_path: Path):
     rows = [r for r in log if r["stage"] == "sf" and "loss" in r]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 < r["supervised"] <= 1.0 for r in rows)  # the weighted loss ran
-    assert torch.load(tmp_path / "ckpt.pt", weights_only=False)["config"]["sf_target"] == "own"
+    config = torch.load(tmp_path / "ckpt.pt", weights_only=False)["config"]
+    assert config["sf_target"] == "own" and config["sf_snap"] is True

@@ -17,6 +17,7 @@ TINY = [
     "--episodes", "2", "--episode-frames", "12", "--ae-steps", "3", "--ae-batch", "2",
     "--dit-steps", "3", "--dit-batch", "1", "--clip-chunks", "1", "--warmup", "1",
     "--ckpt-every", "100", "--log-every", "1", "--no-progress", "--threads", "1",
+    "--sf-steps", "2", "--sf-batch", "1", "--sf-clip-chunks", "1",
 ]  # fmt: skip
 
 
@@ -42,6 +43,8 @@ def test_train_stops_at_the_time_limit_and_resumes(tmp_path: Path, capsys):
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if r["stage"] == "ae"] == [1, 2, 3]
     assert [r["step"] for r in log if r["stage"] == "dit"] == [1, 2, 3]
+    assert [r["step"] for r in log if r["stage"] == "sf"] == [1, 2]  # the default second stage
+    assert (out / "blurred.safetensors").is_file()  # its blurred history
     assert json.loads((out / "train_summary.json").read_text())["config"]["seed"] == 3
 
     world = load_world(out / "model")

@@ -1,0 +1,148 @@
+"""Does the tiny world keep moving under a held key? Its own history against the game's.
+
+    python benchmarks/tiny_world_history_probe.py [--model tiny-world DIR ...] [--worlds 8] [--chunks 8]
+
+In held-out worlds where the game scrolls freely under "d" for the whole probe, hold "d" and read,
+chunk after chunk, how far the view moves (px per 4-frame chunk; the game: 4):
+
+* `own`: the served rollout through the Engine, each chunk on the model's own earlier chunks;
+* `game_history`: each chunk sampled by the same sampler from the game's own frames as history
+  (encoded, in the serving window and mask): teacher forcing at serving time.
+
+A model that moves with the game's history but stops on its own has learned to read the history's
+look (sharp frames), not the key: exposure bias. Writes --out/tiny_world_history_probe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.tiny_world_eval import EVAL_SEED_BASE, batched
+from models.causal_wan import frame_attention_mask
+from models.game import simulate
+from models.registry import from_name
+from models.tiny_world.data import action_rows
+from models.tiny_world.metrics import scroll_offset
+from models.world import World
+from runtime.engine import Engine
+
+
+def free_worlds(n: int, frames: int) -> list[int]:
+    """Held-out seeds where the game scrolls right by 1 px every frame of `frames` under "d"."""
+    seeds, seed = [], EVAL_SEED_BASE + 9000
+    while len(seeds) < n:
+        sim = simulate(seed, [frozenset({"d"})] * frames)
+        walked = sim.player_world_pos[-1, 0] - sim.player_world_pos[0, 0]
+        if np.all(sim.player_pos == sim.player_pos[0]) and walked == frames:
+            seeds.append(seed)
+        seed += 1
+    return seeds
+
+
+def per_chunk(frames: np.ndarray, chunk: int) -> list[float]:
+    """Scroll (x, px) between the last frames of consecutive chunks (frame 0 starts)."""
+    ends = range(0, len(frames), chunk)
+    return [
+        float(scroll_offset(frames[a], frames[b], radius=chunk + 2, ignore=(32.0, 32.0))[0])
+        for a, b in itertools.pairwise(ends)
+    ]
+
+
+@torch.no_grad()
+def game_history_chunk(
+    world: World, latents: torch.Tensor, actions: torch.Tensor, k: int, gen: torch.Generator
+) -> np.ndarray:
+    """Chunk k (1-based) sampled on the game's encoded frames 0 .. 4(k-1) as history: the serving
+    sampler and window over a dense sequence. Returns its last frame (H, W, 3) uint8."""
+    dit, sched, chunk = world.transformer, world.config.schedule, world.chunk_frames
+    s = 1 + chunk * (k - 1)
+    mask = frame_attention_mask([1] + [chunk] * k, dit.cfg.window_frames)
+    text = [dit.text_kv(dit.null_text("cpu", torch.float32))]
+    x = torch.randn((1, latents.shape[1], chunk, *latents.shape[3:]), generator=gen)
+    for j, (tk, sg) in enumerate(zip(sched.timesteps, sched.sigmas, strict=True)):
+        t = torch.cat([torch.zeros(1, s), torch.full((1, chunk), float(tk))], dim=1)
+        pred = dit.forward_dense(torch.cat([latents[:, :, :s], x], 2), t, text, mask, actions[:, : s + chunk])
+        x0 = sched.to_x0(pred[:, :, s:], x, sg)
+        if j + 1 < len(sched.sigmas):
+            fresh = torch.randn(x0.shape, generator=gen)
+            x = sched.next_x(x0, x, sg, sched.sigmas[j + 1], lambda fresh=fresh: fresh)
+    frame = world.decoder.ae.decode_float(x0)[0, :, -1].clamp(-1, 1)
+    return ((frame.permute(1, 2, 0) + 1) * 127.5).round().byte().numpy()
+
+
+def probe(name: str, worlds: list[int], chunks: int) -> dict:
+    world = from_name(name)
+    chunk = world.chunk_frames
+    n = chunks * chunk
+    engine = Engine({"m": world}, max_batch=8, max_streams=16)
+    own, _ = batched(engine, "m", worlds, [[frozenset({"d"})] * n for _ in worlds], 8)
+    own_moves = np.array([per_chunk(f, chunk) for f in own])  # (W, chunks)
+    gen = torch.Generator().manual_seed(0)
+    ae = world.decoder.ae.eval()
+    game_moves = []
+    for seed in worlds:
+        sim = simulate(seed, [frozenset({"d"})] * n)
+        video = torch.from_numpy(sim.frames).float().permute(3, 0, 1, 2)[None] / 127.5 - 1.0
+        latents = ae.encode_float(video)
+        acts = torch.from_numpy(action_rows([frozenset({"d"})] * n))[None, :, None]
+        row = []
+        for k in range(1, chunks + 1):
+            last = game_history_chunk(world, latents, acts, k, gen)
+            prev = sim.frames[chunk * (k - 1)]
+            row.append(float(scroll_offset(prev, last, radius=chunk + 2, ignore=(32.0, 32.0))[0]))
+        game_moves.append(row)
+    game_moves = np.array(game_moves)
+    return {
+        "model": name,
+        "own_px_per_chunk_median": np.median(own_moves, 0).tolist(),
+        "own_px_per_chunk_mean": own_moves.mean(0).round(2).tolist(),
+        "game_history_px_per_chunk_median": np.median(game_moves, 0).tolist(),
+        "game_history_px_per_chunk_mean": game_moves.mean(0).round(2).tolist(),
+        "own_total_px": float(np.median(own_moves.sum(1))),
+        "game_total_px": chunks * chunk,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--model", nargs="+", default=["tiny-world"], help="registry names or model directories"
+    )
+    parser.add_argument("--worlds", type=int, default=8)
+    parser.add_argument("--chunks", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    t0 = time.perf_counter()
+    worlds = free_worlds(args.worlds, args.chunks * 4)
+    rows = []
+    for name in args.model:
+        rows.append(probe(name, worlds, args.chunks))
+        print(json.dumps(rows[-1]))
+    result = {
+        "benchmark": "tiny_world_history_probe",
+        "command": "python benchmarks/tiny_world_history_probe.py " + " ".join(sys.argv[1:]),
+        "worlds": worlds,
+        "rows": rows,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tiny_world_history_probe.json").write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out / 'tiny_world_history_probe.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
