@@ -28,11 +28,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tiny_world_eval import EVAL_SEED_BASE, batched
-from models.causal_wan import frame_attention_mask
 from models.game import simulate
 from models.registry import from_name
 from models.tiny_world.data import action_rows
 from models.tiny_world.metrics import scroll_offset
+from models.tiny_world.train import rollout_history
 from models.world import World
 from runtime.engine import Engine
 
@@ -62,21 +62,13 @@ def per_chunk(frames: np.ndarray, chunk: int) -> list[float]:
 def game_history_chunk(
     world: World, latents: torch.Tensor, actions: torch.Tensor, k: int, gen: torch.Generator
 ) -> np.ndarray:
-    """Chunk k (1-based) sampled on the game's encoded frames 0 .. 4(k-1) as history: the serving
-    sampler and window over a dense sequence. Returns its last frame (H, W, 3) uint8."""
-    dit, sched, chunk = world.transformer, world.config.schedule, world.chunk_frames
-    s = 1 + chunk * (k - 1)
-    mask = frame_attention_mask([1] + [chunk] * k, dit.cfg.window_frames)
-    text = [dit.text_kv(dit.null_text("cpu", torch.float32))]
-    x = torch.randn((1, latents.shape[1], chunk, *latents.shape[3:]), generator=gen)
-    for j, (tk, sg) in enumerate(zip(sched.timesteps, sched.sigmas, strict=True)):
-        t = torch.cat([torch.zeros(1, s), torch.full((1, chunk), float(tk))], dim=1)
-        pred = dit.forward_dense(torch.cat([latents[:, :, :s], x], 2), t, text, mask, actions[:, : s + chunk])
-        x0 = sched.to_x0(pred[:, :, s:], x, sg)
-        if j + 1 < len(sched.sigmas):
-            fresh = torch.randn(x0.shape, generator=gen)
-            x = sched.next_x(x0, x, sg, sched.sigmas[j + 1], lambda fresh=fresh: fresh)
-    frame = world.decoder.ae.decode_float(x0)[0, :, -1].clamp(-1, 1)
+    """Chunk k (1-based) sampled by the serving sampler and window on the game's encoded frames
+    0 .. 4(k-1) as history (`rollout_history` from chunk k). Returns its last frame (H, W, 3)."""
+    end = 1 + world.chunk_frames * k
+    lat = rollout_history(
+        world.transformer, latents[:, :, :end], actions[:, :end], world.config.schedule, gen, first=k - 1
+    )
+    frame = world.decoder.ae.decode_float(lat[:, :, end - 1 : end])[0, :, -1].clamp(-1, 1)
     return ((frame.permute(1, 2, 0) + 1) * 127.5).round().byte().numpy()
 
 

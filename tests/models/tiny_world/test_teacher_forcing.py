@@ -122,3 +122,19 @@ def test_self_forced_history_is_the_engines_rollout():
     lat = rollout_history(world.transformer, x0, actions, world.config.schedule, torch.Generator(), noise)
     mine, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
     assert np.abs(mine.numpy().astype(int) - served.astype(int)).max() <= 1
+
+
+def test_rollout_history_from_a_later_chunk_keeps_the_given_history():
+    from models.registry import from_name
+    from models.tiny_world.train import rollout_history
+
+    world = from_name("tiny-world")
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.randn(1, 8, 9, 8, 8, generator=gen)
+    actions = torch.zeros(1, 9, 1, world.action_space.width)
+    sched = world.config.schedule
+    kept = rollout_history(world.transformer, x0, actions, sched, torch.Generator().manual_seed(1), first=1)
+    assert torch.equal(kept[:, :, :5], x0[:, :, :5])  # start frame and chunk 1: the given history
+    assert not torch.equal(kept[:, :, 5:], x0[:, :, 5:])  # chunk 2: generated
+    own = rollout_history(world.transformer, x0, actions, sched, torch.Generator().manual_seed(1))
+    assert not torch.equal(own[:, :, 1:5], x0[:, :, 1:5])  # from chunk 0 everything is generated
