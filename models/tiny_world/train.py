@@ -466,9 +466,10 @@ class Trainer:
         if mean:
             self.ae.set_normalisation(torch.tensor(mean), torch.tensor(std))
         self.ae_opt.load_state_dict(state["ae_opt"])
-        if self.stage in ("sf", "done") and (self.cfg.sf_patch or self.cfg.sf_window):
-            self.ema = regrid(self.ema, *self.sf_grid()).requires_grad_(False)
-            self.dit = regrid(self.ema, *self.sf_grid())
+        if self.stage in ("sf", "done") and (grid := self.sf_grid()) is not None:
+            # The checkpoint holds the refined modules: build their shapes before loading.
+            self.ema = regrid(self.ema, *grid).requires_grad_(False)
+            self.dit = CausalWan(self.ema.cfg)
             self.dit_opt = torch.optim.AdamW(self.dit.parameters(), betas=(0.9, 0.99), weight_decay=0.01)
         self.dit.load_state_dict(state["dit"])
         self.ema.load_state_dict(state["ema"])
@@ -509,9 +510,9 @@ class Trainer:
         RNGs of its own (so the stage does not depend on how the previous one was reached)."""
         c = self.cfg
         self.step = 0
-        if c.sf_patch or c.sf_window:
-            self.ema = regrid(self.ema, *self.sf_grid()).requires_grad_(False)
-            self.dit = regrid(self.ema, *self.sf_grid())
+        if (grid := self.sf_grid()) is not None:
+            self.ema = regrid(self.ema, *grid).requires_grad_(False)
+            self.dit = CausalWan(self.ema.cfg)
         self.dit.load_state_dict(self.ema.state_dict())
         self.dit_opt = torch.optim.AdamW(
             self.dit.parameters(), lr=c.sf_lr, betas=(0.9, 0.99), weight_decay=0.01
@@ -519,10 +520,12 @@ class Trainer:
         self.rng = np.random.default_rng([c.seed, 2])
         self.gen = torch.Generator().manual_seed(c.seed + 2_000_003)
 
-    def sf_grid(self) -> tuple[int, int]:
-        """(patch, window) of the sf stage's DiT."""
-        base = dit_config()
-        return self.cfg.sf_patch or base.patch_size[1], self.cfg.sf_window or base.window_frames
+    def sf_grid(self) -> tuple[int, int] | None:
+        """(patch, window) of the sf stage's DiT when `sf_patch` / `sf_window` change it, else None."""
+        c, base = self.cfg, dit_config()
+        if not (c.sf_steps > 0 and (c.sf_patch or c.sf_window)):
+            return None
+        return c.sf_patch or base.patch_size[1], c.sf_window or base.window_frames
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -708,26 +711,7 @@ class Trainer:
             a = a[:, :, None]
             b = x0.shape[0]
             own = torch.rand(b, generator=self.gen) < c.sf_p_self
-            hist = x0.clone()
-            if blurred is not None:
-                # Soft history, sharp targets: the start frame stays as served (sharp).
-                soft = (torch.rand(b, generator=self.gen) < c.sf_blur) & ~own
-                if soft.any():
-                    sel = soft.numpy()
-                    hist[soft, :, 1:] = blurred[e[sel, None], idx[sel, 1:]].float().permute(0, 2, 1, 3, 4)
-            warp = torch.zeros(b, dtype=torch.bool)
-            if c.sf_warp > 0:
-                # Slowed history, true last frame: the history frames of the clip's last chunk show
-                # the motion slowed by r in [0, 1) (r = 0: frozen) up to their true last frame,
-                # under the same held keys, so the keys and not the history's apparent speed must
-                # carry the motion. Only that chunk is trained on these clips.
-                warp = (torch.rand(b, generator=self.gen) < c.sf_warp) & ~own
-                r = torch.rand(b, generator=self.gen)
-                last = f - 1 - chunk
-                frames = torch.arange(1, last + 1, dtype=torch.float32)
-                for k in warp.nonzero().flatten().tolist():
-                    src = (last - r[k] * (last - frames)).round().long()
-                    hist[k, :, 1 : last + 1] = hist[k, :, src]
+            hist, warp = self.degraded_history(x0, e, idx, ~own, blurred)
             if own.any():
                 dit.eval()
                 hist[own] = rollout_history(dit, x0[own], a[own], sched, self.gen)
@@ -745,7 +729,7 @@ class Trainer:
                 # Ground-truth clips keep the full loss; self-rolled ones only where it is determined.
                 seen = seen_latent_mask(cams[e[:, None], idx], SIZE, SIZE // x0.shape[-1])  # (B, F, h, w)
                 weight = torch.where(own[:, None, None, None], seen, torch.ones_like(seen))[:, None, 1:]
-            if warp.any():
+            if warp.any():  # slowed clips train only their last chunk
                 weight = torch.ones_like(x0[:, :1, 1:]) if weight is None else weight
                 weight[warp, :, : f - 1 - chunk] = 0.0
             loss, gnorm = self.flow_step(
@@ -766,6 +750,39 @@ class Trainer:
         self.stage, self.step = "done", 0
         self.checkpoint()
         return True
+
+    def degraded_history(
+        self,
+        x0: torch.Tensor,
+        e: np.ndarray,
+        idx: np.ndarray,
+        eligible: torch.Tensor,
+        blurred: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clean history of clips `x0` (B, C, F, h, w) (episodes `e`, frames `idx`), degraded as
+        the model's own rollout degrades it, for `eligible` clips only. Returns (history, which
+        clips were slowed). The start frame always stays as served (sharp).
+
+        * blurred (`sf_blur` of the clips): the frames after the start from `blurred`;
+        * slowed (`sf_warp`): the history frames of the last chunk show the motion slowed by r in
+          [0, 1) (r = 0: frozen) up to their true last frame, under the same held keys, so the
+          keys and not the history's apparent speed must carry the motion."""
+        c, b, f = self.cfg, x0.shape[0], x0.shape[2]
+        hist = x0.clone()
+        if blurred is not None:
+            soft = (torch.rand(b, generator=self.gen) < c.sf_blur) & eligible
+            if soft.any():
+                sel = soft.numpy()
+                hist[soft, :, 1:] = blurred[e[sel, None], idx[sel, 1:]].float().permute(0, 2, 1, 3, 4)
+        warp = torch.zeros(b, dtype=torch.bool)
+        if c.sf_warp > 0:
+            warp = (torch.rand(b, generator=self.gen) < c.sf_warp) & eligible
+            r = torch.rand(b, generator=self.gen)
+            last = f - 1 - self.dit.cfg.chunk_frames  # the last chunk's last history frame
+            frames = torch.arange(1, last + 1, dtype=torch.float32)
+            for k in warp.nonzero().flatten().tolist():
+                hist[k, :, 1 : last + 1] = hist[k, :, (last - r[k] * (last - frames)).round().long()]
+        return hist, warp
 
     @torch.no_grad()
     def own_targets(
