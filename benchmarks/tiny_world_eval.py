@@ -51,7 +51,9 @@ from models.actions import FrameAction
 from models.game import GameConfig, SimResult, parse_action_script, random_policy, simulate
 from models.registry import from_name
 from models.tiny_world.metrics import (
+    KEY_AXES,
     frame_stats,
+    free_worlds,
     position_errors,
     psnr,
     sharpness,
@@ -197,20 +199,8 @@ def control_probe(engine: Engine, model_id: str, n_worlds: int, batch: int, hold
     """In `n_worlds` worlds where the simulator walks freely (camera following) under each of
     W/A/S/D, hold each key for `hold` frames: how far does the model's world move (read from its
     frames), as a share of the simulator's `hold` px, and does the move show in the first chunk?"""
-    cfg = GameConfig()
-    keys = (("d", 0, 1), ("a", 0, -1), ("s", 1, 1), ("w", 1, -1))
-    worlds: list[int] = []
-    seed = EVAL_SEED_BASE + 7000
-    while len(worlds) < n_worlds:
-        free = True
-        for key, axis, sign in keys:
-            sim = simulate(seed, [frozenset({key})] * hold, cfg)
-            moved = (sim.player_world_pos[-1, axis] - sim.player_world_pos[0, axis]) * sign
-            free &= bool(moved == hold and np.all(sim.player_pos == sim.player_pos[0]))
-        if free:
-            worlds.append(seed)
-        seed += 1
-    cases = [(w, k, axis, sign) for w in worlds for k, axis, sign in keys]
+    worlds = free_worlds(n_worlds, hold, EVAL_SEED_BASE + 7000)
+    cases = [(w, k, axis, sign) for w in worlds for k, axis, sign in KEY_AXES]
     scripts = [[frozenset({k})] * hold for _, k, _, _ in cases]
     frames, _ = batched(engine, model_id, [c[0] for c in cases], scripts, batch)
     chunk = engine.worlds[model_id].chunk_frames
@@ -227,7 +217,7 @@ def control_probe(engine: Engine, model_id: str, n_worlds: int, batch: int, hold
         "worlds": len(worlds),
         "cases": len(cases),
         "median_ratio": float(np.median(ratio)),
-        "median_ratio_by_key": {k: float(np.median(ratio[[c[1] == k for c in cases]])) for k, _, _ in keys},
+        "median_ratio_by_key": {k: float(np.median(ratio[[c[1] == k for c in cases]])) for k, *_ in KEY_AXES},
         "within_2px_fraction": float(np.mean(np.abs(got - hold) <= 2.0)),
         "mean_displacement_px": float(got.mean()),
         "mean_abs_drift_across_px": float(np.abs(across).mean()),

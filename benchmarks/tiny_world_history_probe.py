@@ -9,6 +9,10 @@ chunk after chunk, how far the view moves (px per 4-frame chunk; the game: 4):
 * `game_history`: each chunk sampled by the same sampler from the game's own frames as history
   (encoded, in the serving window and mask): teacher forcing at serving time.
 
+* `stall_chunk`: chunk 4 (whose 16-frame window no longer holds the start frame) sampled on the
+  model's own history, on it with its latest or its oldest visible frame taken from the game, and
+  on the game's (px over the chunk's 4 frames, read frame to frame).
+
 A model that moves with the game's history but stops on its own has learned to read the history's
 look (sharp frames), not the key: exposure bias. Writes --out/tiny_world_history_probe.json.
 """
@@ -31,22 +35,10 @@ from benchmarks.tiny_world_eval import EVAL_SEED_BASE, batched
 from models.game import simulate
 from models.registry import from_name
 from models.tiny_world.data import action_rows
-from models.tiny_world.metrics import scroll_offset
+from models.tiny_world.metrics import free_worlds, scroll_offset
 from models.tiny_world.train import rollout_history
 from models.world import World
 from runtime.engine import Engine
-
-
-def free_worlds(n: int, frames: int) -> list[int]:
-    """Held-out seeds where the game scrolls right by 1 px every frame of `frames` under "d"."""
-    seeds, seed = [], EVAL_SEED_BASE + 9000
-    while len(seeds) < n:
-        sim = simulate(seed, [frozenset({"d"})] * frames)
-        walked = sim.player_world_pos[-1, 0] - sim.player_world_pos[0, 0]
-        if np.all(sim.player_pos == sim.player_pos[0]) and walked == frames:
-            seeds.append(seed)
-        seed += 1
-    return seeds
 
 
 def per_chunk(frames: np.ndarray, chunk: int) -> list[float]:
@@ -72,6 +64,37 @@ def game_history_chunk(
     return ((frame.permute(1, 2, 0) + 1) * 127.5).round().byte().numpy()
 
 
+@torch.no_grad()
+def stall_chunk(world: World, latents: torch.Tensor, actions: torch.Tensor, gen: torch.Generator) -> dict:
+    """Which history frame lets the model keep moving? Chunk k = window / chunk, whose window
+    holds frames 4k - W + 1 .. 4k only (no start frame), sampled on four histories: the model's
+    own rollout, the same with its latest or its oldest visible frame taken from the game, and
+    the game's. Returns the px it moves over those 4 frames per history (the game: 4)."""
+    dit, sched, chunk = world.transformer, world.config.schedule, world.chunk_frames
+    k = dit.cfg.window_frames // chunk
+    end = 1 + chunk * k
+    own = rollout_history(dit, latents[:, :, :end], actions[:, :end], sched, gen)
+    latest, oldest = own.clone(), own.clone()
+    latest[:, :, end - 1] = latents[:, :, end - 1]
+    first_seen = end - (dit.cfg.window_frames - chunk)
+    oldest[:, :, first_seen] = latents[:, :, first_seen]
+    histories = {
+        "own": own,
+        "own_latest_from_game": latest,
+        "own_oldest_from_game": oldest,
+        "game": latents[:, :, :end],
+    }
+    out = {}
+    for name, hist in histories.items():
+        clip = torch.cat([hist, latents[:, :, end : end + chunk]], dim=2)  # chunk k is resampled
+        lat = rollout_history(dit, clip, actions[:, : end + chunk], sched, gen, first=k)
+        frames = world.decoder.ae.decode_float(lat[:, :, end - 1 :])[0].clamp(-1, 1)
+        frames = ((frames.permute(1, 2, 3, 0) + 1) * 127.5).round().byte().numpy()
+        steps = [scroll_offset(a, b, radius=2, ignore=(32.0, 32.0))[0] for a, b in itertools.pairwise(frames)]
+        out[name] = float(sum(steps))
+    return out
+
+
 def probe(name: str, worlds: list[int], chunks: int) -> dict:
     world = from_name(name)
     chunk = world.chunk_frames
@@ -81,7 +104,7 @@ def probe(name: str, worlds: list[int], chunks: int) -> dict:
     own_moves = np.array([per_chunk(f, chunk) for f in own])  # (W, chunks)
     gen = torch.Generator().manual_seed(0)
     ae = world.decoder.ae.eval()
-    game_moves = []
+    game_moves, stalls = [], []
     for seed in worlds:
         sim = simulate(seed, [frozenset({"d"})] * n)
         video = torch.from_numpy(sim.frames).float().permute(3, 0, 1, 2)[None] / 127.5 - 1.0
@@ -93,6 +116,7 @@ def probe(name: str, worlds: list[int], chunks: int) -> dict:
             prev = sim.frames[chunk * (k - 1)]
             row.append(float(scroll_offset(prev, last, radius=chunk + 2, ignore=(32.0, 32.0))[0]))
         game_moves.append(row)
+        stalls.append(stall_chunk(world, latents, acts, gen))
     game_moves = np.array(game_moves)
     return {
         "model": name,
@@ -101,6 +125,7 @@ def probe(name: str, worlds: list[int], chunks: int) -> dict:
         "game_history_px_per_chunk_median": np.median(game_moves, 0).tolist(),
         "game_history_px_per_chunk_mean": game_moves.mean(0).round(2).tolist(),
         "own_total_px": float(np.median(own_moves.sum(1))),
+        "stall_chunk_px_median": {h: float(np.median([r[h] for r in stalls])) for h in stalls[0]},
         "game_total_px": chunks * chunk,
     }
 
@@ -115,10 +140,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args()
+    if args.chunks < 5:
+        parser.error("--chunks must be at least 5: the stall probe samples chunk 4 and reads the game's next")
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     t0 = time.perf_counter()
-    worlds = free_worlds(args.worlds, args.chunks * 4)
+    worlds = free_worlds(args.worlds, args.chunks * 4, EVAL_SEED_BASE + 9000, keys="d")
     rows = []
     for name in args.model:
         rows.append(probe(name, worlds, args.chunks))

@@ -246,8 +246,6 @@ class Game:
 
     def __init__(self, config: GameConfig | None = None) -> None:
         self.config = config or GameConfig()
-        # World-unit x (or y) of every pixel centre, relative to the camera's top-left corner.
-        self._centres = (np.arange(self.config.size) + 0.5) / self.config.scale
         self._world: World | None = None
         self._player = np.zeros((1, 2))  # (1, 2) player top-left (x, y), world units
         self._creatures = np.zeros((0, 2))  # (C, 2) creature top-left corners
@@ -300,12 +298,9 @@ class Game:
 
     def render(self) -> np.ndarray:
         """The current view as a (size, size, 3) uint8 RGB frame."""
-        world = self._require_world()
         cfg = self.config
         cx, cy = self.camera
-        tx = ((cx + self._centres) // cfg.tile).astype(np.intp)  # (W,) tile column per pixel
-        ty = ((cy + self._centres) // cfg.tile).astype(np.intp)  # (H,) tile row per pixel
-        frame = world.rgb.take(ty, axis=0).take(tx, axis=1)  # (H, W, 3); take is the fast gather
+        frame = self.terrain()
 
         cs = cfg.creature_size
         lo = self._creatures + cs > (cx, cy)
@@ -326,6 +321,32 @@ class Game:
                 self._fill(frame, (cx, cy), box, cfg.palette.action)
         self._fill(frame, (cx, cy), (x, y, x + ps, y + ps), cfg.palette.player)
         return frame
+
+    def place_player(self, x: float, y: float) -> None:
+        """Move the player's top-left corner to world (x, y) (a teleport: no collision sweep);
+        GameError if the sprite there would overlap a wall or leave the world."""
+        world = self._require_world()
+        side = self.config.player_size
+        pos = np.array([[x, y]], dtype=np.float64)
+        if min(x, y) < 0 or max(x, y) + side > self.config.world_units:
+            raise GameError(f"player position ({x}, {y}) is outside the world")
+        if _blocked(world.wall, self.config.tile, pos, side)[0]:
+            raise GameError(f"player position ({x}, {y}) overlaps a wall")
+        self._player = pos
+
+    def terrain(self, margin: int = 0) -> np.ndarray:
+        """The terrain alone (no sprites) of the current view widened by `margin` pixels on
+        every side: (size + 2 margin, size + 2 margin, 3) uint8; tiles beyond the world's edge
+        repeat the border wall."""
+        world = self._require_world()
+        cfg = self.config
+        cx, cy = self.camera
+        # World-unit x (or y) of every pixel centre, relative to the camera's top-left corner.
+        centres = (np.arange(-margin, cfg.size + margin) + 0.5) / cfg.scale
+        last = cfg.world_tiles - 1
+        tx = np.clip((cx + centres) // cfg.tile, 0, last).astype(np.intp)  # tile column per pixel
+        ty = np.clip((cy + centres) // cfg.tile, 0, last).astype(np.intp)  # tile row per pixel
+        return world.rgb.take(ty, axis=0).take(tx, axis=1)  # take is the fast gather
 
     @property
     def camera(self) -> tuple[float, float]:

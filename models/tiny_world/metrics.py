@@ -7,7 +7,8 @@
   found by brute force over a small window with the player's box masked out;
 * `world_displacement(frames, axis)`: how far the player walked, from the frames alone.
 * `sprite_count(frame)`: how many separate player-coloured blobs a frame shows;
-* `sharpness(frames)`: per-frame mean absolute horizontal gradient (blur lowers it).
+* `sharpness(frames)`: per-frame mean absolute horizontal gradient (blur lowers it);
+* `free_worlds(n, frames, first_seed)`: game worlds where held keys scroll the view freely.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import itertools
 
 import numpy as np
 
+from models.game import simulate
+
 # A pixel is "magenta-ish" when red and blue are high and green is low. The simulator draws the
 # player in (255, 0, 255) and uses that colour nowhere else; these bounds also accept a
 # decoder's slightly-off reconstruction while rejecting creatures (222, 40, 36) and terrain.
 MAGENTA_MIN_RB = 150
 MAGENTA_MAX_G = 110
 MIN_SPRITE_PIXELS = 4  # fewer magenta pixels than this: the sprite is missing
+KEY_AXES = (("d", 0, 1), ("a", 0, -1), ("s", 1, 1), ("w", 1, -1))  # key, axis (0 = x), sign
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -130,3 +134,22 @@ def sharpness(frames: np.ndarray) -> np.ndarray:
     """(N,) mean absolute horizontal gradient of each frame (N, H, W, 3), in intensity levels."""
     f = frames.astype(np.float32)
     return np.abs(np.diff(f, axis=2)).mean(axis=(1, 2, 3))
+
+
+def free_worlds(n: int, frames: int, first_seed: int, keys: str = "dasw") -> list[int]:
+    """The first `n` seeds from `first_seed` where holding each key of `keys` alone for `frames`
+    frames scrolls the game's view freely: the player walks one pixel every frame (no wall) and
+    the camera follows it (the sprite keeps its screen position, no clamp at the world's edge)."""
+    seeds, seed = [], first_seed
+    while len(seeds) < n:
+        free = True
+        for key, axis, sign in (k for k in KEY_AXES if k[0] in keys):
+            sim = simulate(seed, [frozenset({key})] * frames)
+            moved = (sim.player_world_pos[-1, axis] - sim.player_world_pos[0, axis]) * sign
+            free = bool(moved == frames and np.all(sim.player_pos == sim.player_pos[0]))
+            if not free:
+                break
+        if free:
+            seeds.append(seed)
+        seed += 1
+    return seeds

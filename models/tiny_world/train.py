@@ -31,10 +31,18 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              self-rolled clip's targets are the model's own last frame shifted by the game's
              camera, the sprite repainted where the game has it, re-encoded, the revealed strip
              out of the loss (`own_world_targets`; with `sf_snap` the frame is first redrawn as
-             flat tiles on the game's grid, `snap_to_tiles`). `sf_warp`: a share of the clips'
-             last chunk sees its history slowed (the motion scaled by r in [0, 1) up to the true
-             last frame) and only that chunk is trained. `sf_patch` / `sf_window`: the stage's
-             DiT on a finer token grid / another window (`regrid`).
+             flat tiles on the game's grid, `snap_to_tiles`). `sf_target` "anchor": a
+             self-rolled clip's targets are the game's own frames from where the model's world
+             is (`anchored_targets`: before each chunk the game's player is moved by the shift
+             that matches the model's latest frame to the game's terrain, then plays the clip's
+             actions), so they agree with the history and keep the game's rules and sharpness.
+             `sf_lead`: self-rolled clips are rolled out that many chunks before the clip, so
+             its history is the model's own throughout. `sf_onestep`: a share of the clips not
+             blurred see as history the model's own prediction of every chunk from the game's
+             frames before it (`onestep_history`), the targets the game's. `sf_warp`: a share
+             of the clips' last chunk sees its history slowed (the motion scaled by r in [0, 1)
+             up to the true last frame) and only that chunk is trained. `sf_patch` /
+             `sf_window`: the stage's DiT on a finer token grid / another window (`regrid`).
     export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
@@ -45,6 +53,7 @@ mask, few-step flow sampling), Diffusion Forcing (independent per-chunk noise), 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -62,13 +71,18 @@ from tqdm import tqdm
 
 from models.causal_wan import CausalWan, frame_attention_mask
 from models.fast_decoder import FastAutoencoder, FastStreamingDecoder
-from models.game import GameConfig
+from models.game import Game, GameConfig, GameError, random_policy
 from models.sampler import FlowSchedule, add_noise
 from models.tiny_world import SIZE, ae_config, dit_config, world_config
 from models.tiny_world.data import Episodes, make_episodes
 from models.world import World
 
 STAGES = ("ae", "dit", "sf", "done")
+# Anchored targets (`sf_target` "anchor"): how far (frame pixels) the model's view may have
+# drifted from the game's and still be found, and how well it must match the game's terrain
+# there (PSNR, dB) to be trained on; below it the model's world no longer is the game's map.
+ANCHOR_MARGIN = 24
+ANCHOR_MIN_PSNR = 15.0
 
 
 @dataclass
@@ -101,11 +115,13 @@ class TrainConfig:
     sf_warmup: int = 50  # linear warm-up steps
     sf_clip_chunks: int = 4  # chunks per clip; the history of chunk j is the rollout of chunks < j
     sf_p_self: float = 0.0  # share of clips whose history is the model's own rollout
+    sf_lead: int = 0  # self-rolled clips: chunks rolled out before the clip, so its history is all own
     sf_mask: bool = False  # self-rolled clips: loss only on latents seen in the start frame
-    sf_target: str = "game"  # self-rolled clips' targets: "game" (simulator) or "own" (own_world_targets)
+    sf_target: str = "game"  # self-rolled clips' targets: "game", "own" (own_world_targets) or "anchor"
     sf_snap: bool = False  # "own" targets redrawn as flat tiles on the game's grid (snap_to_tiles)
     sf_blur: float = 0.5  # share of non-self-rolled clips whose history frames after the start are blurred
     sf_blur_max: float = 2.0  # largest Gaussian blur sigma (frame pixels) of those history frames
+    sf_onestep: float = 0.0  # share of the other clips whose history is the model's one-chunk predictions
     sf_jitter: float = 0.0  # std of the colour gain / offset ([-1, 1] units) of those history frames
     sf_warp: float = 0.0  # share of non-self-rolled clips whose last chunk sees a slowed history
     sf_patch: int = 0  # > 0: the sf stage's DiT patch side on the latent grid (`regrid`); 0: dit_config's
@@ -231,6 +247,20 @@ def own_world_targets(
     return frames.permute(0, 4, 1, 2, 3), valid
 
 
+def match_shift(frame: torch.Tensor, terrain: torch.Tensor, margin: int) -> tuple[int, int, float]:
+    """Where `frame` (3, H, W) in [-1, 1] sits in `terrain` (3, H + 2 margin, W + 2 margin), the
+    game's terrain around its view: the shift (dx, dy) in frame pixels of the view that `frame`
+    shows best (least squared error) relative to the game's, and that error's PSNR (dB, peak 2)."""
+    h, w = frame.shape[1:]
+    cross = torch.nn.functional.conv2d(terrain[None], frame[None])[0, 0]  # (2m+1, 2m+1)
+    box = torch.nn.functional.avg_pool2d(terrain.pow(2).sum(0)[None, None], (h, w), stride=1)[0, 0] * (h * w)
+    sse = frame.pow(2).sum() - 2.0 * cross + box
+    k = int(sse.argmin())
+    dy, dx = divmod(k, sse.shape[1])
+    mse = float(sse.flatten()[k].clamp_min(1e-8)) / frame.numel()
+    return dx - margin, dy - margin, 10.0 * math.log10(4.0 / mse)
+
+
 @dataclass(frozen=True)
 class TileGrid:
     """The game's drawing rules that a crisp own-world target keeps: square tiles of `tile`
@@ -348,7 +378,7 @@ def rollout_history(
 ) -> torch.Tensor:
     """The model's own version of a clip: frame 0 of `x0` (B, C, F, h, w), then chunk after chunk
     generated by the serving sampler (the schedule's steps, clean history at t = 0, the cached
-    rollout's block-causal window) under `actions` (B, F, 1, width). Returns (B, C, F, h, w).
+    rollout's block-causal window and sinks) under `actions` (B, F, 1, width). Returns (B, C, F, h, w).
     `noise(chunk, step)` may supply the sampler's noise (B, C, chunk_frames, h, w) (tests: the
     engine's); by default it is drawn from `gen`. Chunks before `first` are kept from `x0`, so
     the later ones are generated on that history instead of the model's own."""
@@ -363,7 +393,7 @@ def rollout_history(
     for j, s in enumerate(range(1, f, chunk)):
         if j < first:
             continue
-        mask = frame_attention_mask([1] + [chunk] * (j + 1), window)
+        mask = frame_attention_mask([1] + [chunk] * (j + 1), window, dit.cfg.sink_frames)
         x = noise(j, 0)  # the runner starts from pure noise (the first sigma is 1)
         for k, (tk, sg) in enumerate(zip(steps, sigmas, strict=True)):
             seq = torch.cat([out[:, :, :s], x], dim=2)
@@ -374,6 +404,41 @@ def rollout_history(
                 x = schedule.next_x(x0_hat, x, sg, sigmas[k + 1], lambda j=j, k=k: noise(j, k + 1))
         out[:, :, s : s + chunk] = x0_hat
     return out
+
+
+@torch.no_grad()
+def onestep_history(
+    dit: CausalWan,
+    x0: torch.Tensor,
+    actions: torch.Tensor,
+    schedule: FlowSchedule,
+    gen: torch.Generator,
+    noise: Callable[[int, int], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The model's one-chunk-ahead version of a clip: frame 0 of `x0` (B, C, F, h, w), then every
+    chunk generated by the serving sampler from the ground-truth frames before it (all chunks at
+    once, in the teacher-forced layout), under `actions` (B, F, 1, width). Chunk j equals what
+    `rollout_history(..., first=j)` generates for it; such a history carries the model's own
+    one-chunk errors (softness, lag) while each chunk stays next to the truth. `noise(chunk,
+    step)` as in `rollout_history`. Returns (B, C, F, h, w)."""
+    chunk, window = dit.cfg.chunk_frames, dit.cfg.window_frames
+    b, f = x0.shape[0], x0.shape[2]
+    mask, positions, _ = teacher_forcing_layout((f - 1) // chunk, chunk, window)
+    text = [dit.text_kv(dit.null_text(x0.device, x0.dtype))] * b
+    seq_a = torch.cat([actions, actions[:, 1:]], dim=1)
+    if noise is None:
+        shape = (*x0.shape[:2], f - 1, *x0.shape[3:])
+        draw = lambda _step: torch.randn(shape, generator=gen)  # noqa: E731
+    else:
+        draw = lambda step: torch.cat([noise(j, step) for j in range((f - 1) // chunk)], dim=2)  # noqa: E731
+    x = draw(0)
+    for k, (tk, sg) in enumerate(zip(schedule.timesteps, schedule.sigmas, strict=True)):
+        t = torch.cat([torch.zeros(b, f), torch.full((b, f - 1), float(tk))], dim=1)
+        pred = dit.forward_dense(torch.cat([x0, x], dim=2), t, text, mask, seq_a, positions)[:, :, f:]
+        x0_hat = schedule.to_x0(pred, x, sg)
+        if k + 1 < len(schedule.sigmas):
+            x = schedule.next_x(x0_hat, x, sg, schedule.sigmas[k + 1], lambda k=k: draw(k + 1))
+    return torch.cat([x0[:, :, :1], x0_hat], dim=2)
 
 
 # --- checkpoints -------------------------------------------------------------------------------
@@ -688,10 +753,12 @@ class Trainer:
         """The self-forced stage; returns False when the time limit stopped it."""
         c, dit = self.cfg, self.dit
         lat, acts, cams, players = self.latents()
-        if c.sf_target not in ("game", "own"):
-            raise SystemExit(f"sf_target must be 'game' or 'own', not {c.sf_target!r}")
+        if c.sf_target not in ("game", "own", "anchor"):
+            raise SystemExit(f"sf_target must be 'game', 'own' or 'anchor', not {c.sf_target!r}")
         if (c.sf_mask or c.sf_target == "own") and cams is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no cameras; sf_mask needs a fresh encode")
+        if c.sf_lead and (c.sf_mask or c.sf_target == "own"):
+            raise SystemExit("sf_lead leaves no ground-truth start frame for sf_mask or sf_target 'own'")
         if c.sf_target == "own" and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
         sched = world_config().schedule
@@ -700,24 +767,47 @@ class Trainer:
         n_eps, n_frames = lat.shape[:2]
         blurred = self.blurred_latents() if c.sf_blur > 0 else None
         self.episodes = None
+        lead = c.sf_lead * chunk
+
+        def clips(idx: np.ndarray, e: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            """Latents (B, C, F, h, w) and action rows (B, F, 1, width) of episode frames `idx`
+            (B, F); the start frame's action is idle, as a session's first frame."""
+            x = lat[e[:, None], idx].float().permute(0, 2, 1, 3, 4)
+            rows = acts[e[:, None], idx].clone()
+            rows[:, 0] = 0.0
+            return x, rows[:, :, None]
+
         bar = tqdm(total=c.sf_steps, initial=self.step, desc="self-forced", disable=not self.progress)
         while self.step < c.sf_steps:
             e = self.rng.integers(0, n_eps, size=c.sf_batch)
-            s = self.rng.integers(0, n_frames - f + 1, size=c.sf_batch)
+            s = self.rng.integers(0, n_frames - f - lead + 1, size=c.sf_batch) + lead
             idx = s[:, None] + np.arange(f)[None, :]
-            x0 = lat[e[:, None], idx].float().permute(0, 2, 1, 3, 4)  # (B, C, F, h, w)
-            a = acts[e[:, None], idx].clone()
-            a[:, 0] = 0.0
-            a = a[:, :, None]
+            x0, a = clips(idx, e)
             b = x0.shape[0]
             own = torch.rand(b, generator=self.gen) < c.sf_p_self
-            hist, warp = self.degraded_history(x0, e, idx, ~own, blurred)
+            hist, warp = self.degraded_history(x0, a, e, idx, ~own, blurred)
             if own.any():
+                # Rolled out from the ground truth `lead` frames before the clip, then cut to it.
+                sel = own.numpy()
+                x_own, a_own = clips(idx[sel, :1] - lead + np.arange(f + lead)[None, :], e[sel])
                 dit.eval()
-                hist[own] = rollout_history(dit, x0[own], a[own], sched, self.gen)
+                hist[own] = rollout_history(dit, x_own, a_own, sched, self.gen)[:, :, lead:]
                 dit.train()
-            weight = None
-            if c.sf_target == "own":
+            weight, extra = None, {}
+            if c.sf_target == "anchor":
+                # Self-rolled clips: the game re-anchored to the model's world; others as usual.
+                weight = torch.ones_like(x0[:, :1, 1:])
+                if own.any():
+                    sel = own.numpy()
+                    tgt, weight[own], shift = self.anchored_targets(hist[own], x0[own], e[sel], s[sel])
+                    x0 = x0.clone()
+                    x0[own] = tgt
+                    anchored = shift[..., 0].isfinite()
+                    extra = {
+                        "anchored": anchored.float().mean().item(),
+                        "anchor_shift": shift[anchored].abs().mean().item() if anchored.any() else 0.0,
+                    }
+            elif c.sf_target == "own":
                 # Self-rolled clips: targets from the model's own world; ground-truth clips as usual.
                 weight = torch.ones_like(x0[:, :1, 1:])
                 if own.any():
@@ -741,6 +831,7 @@ class Trainer:
                 drift = (hist[own] - x0[own]).pow(2).mean().item() if own.any() else 0.0
                 bar.set_postfix(loss=f"{loss:.4f}", drift=f"{drift:.3f}")
                 record = {"loss": loss, "grad_norm": gnorm, "history_mse": drift, "t": self.total_elapsed()}
+                record.update(extra)
                 if weight is not None:
                     record["supervised"] = weight.mean().item()  # share of the noisy latents in the loss
                 self.log(record)
@@ -754,16 +845,19 @@ class Trainer:
     def degraded_history(
         self,
         x0: torch.Tensor,
+        a: torch.Tensor,
         e: np.ndarray,
         idx: np.ndarray,
         eligible: torch.Tensor,
         blurred: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The clean history of clips `x0` (B, C, F, h, w) (episodes `e`, frames `idx`), degraded as
-        the model's own rollout degrades it, for `eligible` clips only. Returns (history, which
-        clips were slowed). The start frame always stays as served (sharp).
+        """The clean history of clips `x0` (B, C, F, h, w) (episodes `e`, frames `idx`, action rows
+        `a`), degraded as the model's own rollout degrades it, for `eligible` clips only. Returns
+        (history, which clips were slowed). The start frame always stays as served (sharp).
 
         * blurred (`sf_blur` of the clips): the frames after the start from `blurred`;
+        * one-step (`sf_onestep` of the clips not blurred): every chunk the model's own
+          prediction from the ground truth before it (`onestep_history`);
         * slowed (`sf_warp`): the history frames of the last chunk show the motion slowed by r in
           [0, 1) (r = 0: frozen) up to their true last frame, under the same held keys, so the
           keys and not the history's apparent speed must carry the motion."""
@@ -774,6 +868,14 @@ class Trainer:
             if soft.any():
                 sel = soft.numpy()
                 hist[soft, :, 1:] = blurred[e[sel, None], idx[sel, 1:]].float().permute(0, 2, 1, 3, 4)
+        else:
+            soft = torch.zeros(b, dtype=torch.bool)
+        if c.sf_onestep > 0:
+            one = (torch.rand(b, generator=self.gen) < c.sf_onestep) & eligible & ~soft
+            if one.any():
+                self.dit.eval()
+                hist[one] = onestep_history(self.dit, x0[one], a[one], world_config().schedule, self.gen)
+                self.dit.train()
         warp = torch.zeros(b, dtype=torch.bool)
         if c.sf_warp > 0:
             warp = (torch.rand(b, generator=self.gen) < c.sf_warp) & eligible
@@ -783,6 +885,63 @@ class Trainer:
             for k in warp.nonzero().flatten().tolist():
                 hist[k, :, 1 : last + 1] = hist[k, :, (last - r[k] * (last - frames)).round().long()]
         return hist, warp
+
+    @torch.no_grad()
+    def anchored_targets(
+        self, hist: torch.Tensor, x0: torch.Tensor, e: np.ndarray, start: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Targets of self-rolled clips `hist` (B, C, F, h, w) re-anchored to where the model's
+        own world is (episodes `e`, clips from episode frame `start`): before every chunk the
+        game, replayed to the chunk's last history frame, has its player moved by the shift that
+        makes its view match the model's latest frame best (`match_shift`, within ANCHOR_MARGIN
+        px), then plays the clip's own actions; the chunk's targets are those sharp game frames,
+        encoded. They are consistent with the model's history (same place, same terrain) and
+        still the game's rules (walls, speed, sharp tiles). A chunk whose latest frame matches no
+        view of the map (below ANCHOR_MIN_PSNR), or whose moved player would stand in a wall or
+        past a clamped camera, keeps `x0` and gets no loss. Returns (latents (B, C, F, h, w);
+        weight (B, 1, F-1, h, w); shift (B, chunks, 2) in frame pixels, NaN where not anchored)."""
+        c, chunk, f = self.cfg, self.dit.cfg.chunk_frames, hist.shape[2]
+        config = GameConfig(size=SIZE)
+        starts = list(range(1, f, chunk))
+        self.ae.eval()
+        last = torch.stack([self.ae.decode_float(hist[:, :, k - 1 : k])[:, :, 0] for k in starts], 1)
+        last = last.clamp(-1.0, 1.0)  # (B, chunks, 3, H, W)
+        b = hist.shape[0]
+        frames = torch.zeros(b, 3, f - 1, SIZE, SIZE)
+        weight = torch.zeros(b, 1, f - 1, *hist.shape[3:])
+        shift = torch.full((b, len(starts), 2), float("nan"))
+        half = config.player_size / 2.0
+        for i in range(b):
+            seed = c.world_seed_base + int(e[i])
+            policy = random_policy(seed, c.episode_frames)
+            game = Game(config)
+            game.reset(seed)
+            for j, k in enumerate(starts):
+                t0 = int(start[i]) + k - 1  # episode frame of the chunk's last history frame
+                while game.frame_index < t0:
+                    game.step(policy[game.frame_index])
+                terrain = torch.from_numpy(game.terrain(ANCHOR_MARGIN)).permute(2, 0, 1).float() / 127.5 - 1.0
+                dx, dy, quality = match_shift(last[i, j], terrain, ANCHOR_MARGIN)
+                if quality < ANCHOR_MIN_PSNR:
+                    continue
+                fork = copy.deepcopy(game)
+                px, py = fork.player_world_pos
+                cam = np.array(fork.camera)
+                try:
+                    fork.place_player(px - half + dx / config.scale, py - half + dy / config.scale)
+                except GameError:
+                    continue
+                if not np.allclose(np.array(fork.camera) - cam, (dx / config.scale, dy / config.scale)):
+                    continue  # the camera is clamped at the world's edge: the view cannot follow
+                clip = np.stack([fork.step(policy[t0 + n]) for n in range(chunk)])  # (chunk, H, W, 3)
+                frames[i, :, k - 1 : k - 1 + chunk] = torch.from_numpy(clip).permute(3, 0, 1, 2) / 127.5 - 1.0
+                weight[i, :, k - 1 : k - 1 + chunk] = 1.0
+                shift[i, j] = torch.tensor([float(dx), float(dy)])
+        out = x0.clone()
+        if weight.any():
+            enc = self.ae.encode_float(frames)
+            out[:, :, 1:] = torch.where(weight > 0, enc, x0[:, :, 1:])
+        return out, weight, shift
 
     @torch.no_grad()
     def own_targets(

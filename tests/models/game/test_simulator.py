@@ -210,3 +210,38 @@ def test_misuse_raises() -> None:
         GameConfig(player_size=9)
     with pytest.raises(GameError):
         GameConfig(palette=Palette(creature=(255, 0, 255)))
+
+
+def test_terrain_is_the_frame_without_sprites_and_extends_past_the_view() -> None:
+    game = Game(GameConfig(creatures=0))
+    frame = game.reset(4)
+    terrain = game.terrain(margin=5)
+    assert terrain.shape == (64 + 10, 64 + 10, 3)
+    sprite = colour_mask(frame, PALETTE.player)
+    np.testing.assert_array_equal(terrain[5:-5, 5:-5][~sprite], frame[~sprite])
+    assert not colour_mask(terrain, PALETTE.player).any()
+    # The margin is what the view shows after scrolling: hold d for 3 frames (no wall in the way).
+    for seed in range(10):
+        game.reset(seed)
+        x0 = game.camera[0]
+        wide = game.terrain(margin=3)
+        for _ in range(3):
+            game.step("d")
+        if game.camera[0] != x0 + 3:
+            continue
+        np.testing.assert_array_equal(game.terrain()[:, :], wide[3:-3, 6:])
+        return
+    pytest.fail("no seed could scroll 3 pixels")
+
+
+def test_place_player_teleports_and_refuses_walls_and_the_outside() -> None:
+    game = Game(GameConfig(creatures=0))
+    game.reset(2)
+    x, y = game.world.spawn
+    game.place_player(x + 5, y + 3)
+    assert game.player_world_pos == (x + 5 + 3, y + 3 + 3)
+    with pytest.raises(GameError, match="wall"):
+        game.place_player(1.0, 1.0)  # inside the border wall
+    with pytest.raises(GameError, match="outside"):
+        game.place_player(-4.0, y)
+    assert game.player_world_pos == (x + 5 + 3, y + 3 + 3)  # a refused move leaves it in place

@@ -1,5 +1,6 @@
 """Degraded history, as the model's own rollout leaves it: history frames after the start frame
-blurred (`sf_blur`) or slowed (`sf_warp`), with the game's sharp frames as targets."""
+blurred (`sf_blur`), predicted one chunk ahead (`sf_onestep`) or slowed (`sf_warp`), with the
+game's sharp frames as targets."""
 
 from __future__ import annotations
 
@@ -51,3 +52,11 @@ def test_slowed_history_trains_only_the_last_chunk(tmp_path: Path):
     rows = [r for r in log if r["stage"] == "sf" and "loss" in r]
     assert [r["supervised"] for r in rows] == [0.5, 0.5]  # of two chunks, only the second is trained
     assert not (tmp_path / "blurred.safetensors").exists()  # no blur asked for
+
+
+def test_one_step_history_trains_from_the_cli(tmp_path: Path):
+    sf = ["--sf-steps", "2", "--sf-batch", "2", "--sf-clip-chunks", "2", "--sf-p-self", "0"]
+    assert main(["--out", str(tmp_path), *TINY, *sf, "--sf-blur", "0", "--sf-onestep", "1"]) == 0
+    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r["stage"] == "sf" and "loss" in r] == [1, 2]
+    assert (tmp_path / "model" / "worldserve.json").is_file()

@@ -30,3 +30,21 @@ def test_sharpness_drops_when_frames_blur():
     assert s.shape == (4,) and np.all(s > 0)
     assert np.all(b < 0.75 * s)
     assert np.all(sharpness(np.full_like(frames, 90)) == 0)
+
+
+def test_free_worlds_scroll_the_view_a_pixel_a_frame_under_every_key():
+    from models.game import simulate
+    from models.tiny_world.metrics import KEY_AXES, free_worlds
+
+    seeds = free_worlds(3, 12, 1_000_000)
+    assert len(seeds) == 3 and seeds == sorted(seeds) and seeds[0] >= 1_000_000
+    for key, axis, sign in KEY_AXES:
+        for seed in seeds:
+            sim = simulate(seed, [frozenset({key})] * 12)
+            assert (sim.player_world_pos[-1, axis] - sim.player_world_pos[0, axis]) * sign == 12
+            assert (sim.player_pos == sim.player_pos[0]).all()  # the camera follows
+    skipped = sorted(set(range(seeds[0], seeds[-1])) - set(seeds))
+    for seed in skipped:  # every seed passed over is blocked or clamped under some key
+        assert seed not in free_worlds(1, 12, seed)[:1]
+    only_d = free_worlds(3, 12, 1_000_000, keys="d")
+    assert len(only_d) == 3 and only_d[-1] <= seeds[-1]  # one key is a weaker condition than four

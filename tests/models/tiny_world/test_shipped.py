@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from models.actions import FrameAction
-from models.game import simulate
 from models.registry import DEFAULT_MODEL, from_name
 from models.tiny_world import WEIGHTS_DIR
-from models.tiny_world.metrics import world_displacement
+from models.tiny_world.metrics import KEY_AXES, free_worlds, world_displacement
 from models.world import Conditioning
 from runtime.engine import Engine
 from runtime.requests import ChunkCommitted, ChunkRequest
@@ -47,27 +46,12 @@ def test_default_model_is_the_tiny_world(world):
     assert world.action_space.keys == ("w", "a", "s", "d", "space") and not world.action_space.mouse
 
 
-KEY_AXES = [("d", 0, 1), ("a", 0, -1), ("s", 1, 1), ("w", 1, -1)]  # key, axis (0 = x), sign
-
-
-def free_worlds(n: int, frames: int) -> list[int]:
-    """The first `n` held-out seeds where the simulator walks `frames` px under every held key."""
-    seeds = []
-    seed = 1_000_000
-    while len(seeds) < n:
-        pos = [simulate(seed, [frozenset({k})] * frames).player_world_pos for k, _, _ in KEY_AXES]
-        if all((p[-1, ax] - p[0, ax]) * sg >= frames for p, (_, ax, sg) in zip(pos, KEY_AXES, strict=True)):
-            seeds.append(seed)
-        seed += 1
-    return seeds
-
-
 @torch.no_grad()
 @pytest.mark.parametrize(("key", "axis", "sign"), KEY_AXES)
 def test_rollout_follows_a_held_key(world, key, axis, sign):
     n_chunks = 3
     n = n_chunks * world.spec.chunk_frames
-    seeds = free_worlds(4, n)  # the simulator moves the view n px in each of them
+    seeds = free_worlds(4, n, 1_000_000)  # the simulator scrolls the view n px in each of them
 
     engine = Engine({world.config.id: world}, max_batch=len(seeds))
     parts: dict[str, dict[int, np.ndarray]] = {}

@@ -87,14 +87,20 @@ def test_schedule_helpers():
 
 
 @torch.no_grad()
-def test_self_forced_history_is_the_engines_rollout():
+@pytest.mark.parametrize("sink", [False, True])
+def test_self_forced_history_is_the_engines_rollout(sink, tmp_path):
     """The sf stage's history (`rollout_history`, dense forwards) is what a session would show:
-    driven with the engine's own noise, it decodes to the engine's frames."""
+    driven with the engine's own noise, it decodes to the engine's frames. Also with a sink
+    frame and a window short enough that the sink is all that is left of the start."""
+    import json
+    import shutil
+
     import numpy as np
 
     from models.actions import FrameAction
     from models.game import random_policy
-    from models.registry import from_name
+    from models.registry import from_name, load_world
+    from models.tiny_world import WEIGHTS_DIR
     from models.tiny_world.data import action_rows
     from models.tiny_world.train import rollout_history
     from models.world import Conditioning
@@ -102,7 +108,15 @@ def test_self_forced_history_is_the_engines_rollout():
     from runtime.requests import ChunkRequest
 
     world = from_name("tiny-world")
-    seed, n_chunks, chunk = 1_000_123, 2, world.chunk_frames
+    n_chunks = 2
+    if sink:
+        shutil.copytree(WEIGHTS_DIR, tmp_path / "w")
+        card = json.loads((tmp_path / "w" / "worldserve.json").read_text())
+        card["transformer"].update(sink_frames=1, window_frames=8)
+        (tmp_path / "w" / "worldserve.json").write_text(json.dumps(card))
+        world, n_chunks = load_world(tmp_path / "w"), 4
+        assert world.transformer.cfg.sink_frames == 1
+    seed, chunk = 1_000_123, world.chunk_frames
     script = random_policy(seed, n_chunks * chunk)
     engine = Engine({world.config.id: world}, max_batch=1)
     frames = {0: engine.add_stream("s", world.config.id, Conditioning(seed=seed)).frame[None]}
@@ -138,3 +152,32 @@ def test_rollout_history_from_a_later_chunk_keeps_the_given_history():
     assert not torch.equal(kept[:, :, 5:], x0[:, :, 5:])  # chunk 2: generated
     own = rollout_history(world.transformer, x0, actions, sched, torch.Generator().manual_seed(1))
     assert not torch.equal(own[:, :, 1:5], x0[:, :, 1:5])  # from chunk 0 everything is generated
+
+
+@torch.no_grad()
+def test_onestep_history_is_each_chunk_generated_from_the_truth():
+    """`onestep_history` generates every chunk at once in the teacher-forced layout; chunk j is
+    what the cached rollout makes of the ground-truth history before it (`rollout_history`,
+    first=j), with the same noise."""
+    from models.game import KEYS
+    from models.registry import from_name
+    from models.tiny_world.data import SPACE
+    from models.tiny_world.train import onestep_history, rollout_history
+
+    world = from_name("tiny-world")
+    dit, chunk = world.transformer, world.chunk_frames
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.randn(2, dit.cfg.in_channels, 1 + 3 * chunk, 8, 8, generator=gen)
+    actions = torch.zeros(2, x0.shape[2], 1, SPACE.width)
+    actions[:, 1:, 0, KEYS.index("d")] = 1.0
+    shape = (2, x0.shape[1], chunk, 8, 8)
+    table = {(j, k): torch.randn(shape, generator=gen) for j in range(3) for k in range(4)}
+    noise = lambda j, k: table[(j, k)]  # noqa: E731
+    sched = world.config.schedule
+    one = onestep_history(dit, x0, actions, sched, gen, noise)
+    assert torch.equal(one[:, :, :1], x0[:, :, :1])
+    for j in range(3):
+        rolled = rollout_history(dit, x0, actions, sched, gen, noise, first=j)
+        frames = slice(1 + j * chunk, 1 + (j + 1) * chunk)
+        torch.testing.assert_close(one[:, :, frames], rolled[:, :, frames], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(one[:, :, 1:], x0[:, :, 1:], atol=0.1)
