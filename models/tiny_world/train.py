@@ -39,7 +39,9 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              `sf_lead`: self-rolled clips are rolled out that many chunks before the clip, so
              its history is the model's own throughout. `sf_onestep`: a share of the clips not
              blurred see as history the model's own prediction of every chunk from the game's
-             frames before it (`onestep_history`), the targets the game's. `sf_warp`: a share
+             frames before it (`onestep_history`), the targets the game's. `sf_adv`: an
+             adversarial loss (weight) on the decoded x0 predictions from a patch critic
+             (`FrameCritic`, hinge, trained alongside). `sf_warp`: a share
              of the clips' last chunk sees its history slowed (the motion scaled by r in [0, 1)
              up to the true last frame) and only that chunk is trained. `sf_patch` /
              `sf_window`: the stage's DiT on a finer token grid / another window (`regrid`).
@@ -67,6 +69,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from torch import nn
 from tqdm import tqdm
 
 from models.causal_wan import CausalWan, frame_attention_mask
@@ -83,6 +86,7 @@ STAGES = ("ae", "dit", "sf", "done")
 # there (PSNR, dB) to be trained on; below it the model's world no longer is the game's map.
 ANCHOR_MARGIN = 24
 ANCHOR_MIN_PSNR = 15.0
+CRITIC_LR = 1e-3  # Adam learning rate of the sf stage's FrameCritic (`sf_adv`)
 
 
 @dataclass
@@ -122,6 +126,7 @@ class TrainConfig:
     sf_blur: float = 0.5  # share of non-self-rolled clips whose history frames after the start are blurred
     sf_blur_max: float = 2.0  # largest Gaussian blur sigma (frame pixels) of those history frames
     sf_onestep: float = 0.0  # share of the other clips whose history is the model's one-chunk predictions
+    sf_adv: float = 0.0  # weight of the adversarial loss on decoded x0 predictions (FrameCritic; 0: off)
     sf_jitter: float = 0.0  # std of the colour gain / offset ([-1, 1] units) of those history frames
     sf_warp: float = 0.0  # share of non-self-rolled clips whose last chunk sees a slowed history
     sf_patch: int = 0  # > 0: the sf stage's DiT patch side on the latent grid (`regrid`); 0: dit_config's
@@ -245,6 +250,11 @@ def own_world_targets(
             y0, y1 = max(math.ceil(py - half - 0.5), 0), min(math.ceil(py + half - 0.5), h)
             frames[i, j, y0:y1, x0:x1] = magenta
     return frames.permute(0, 4, 1, 2, 3), valid
+
+
+def frames_of(video: torch.Tensor) -> torch.Tensor:
+    """Decoded video (B, 3, T, H, W) as a batch of frames (B*T, 3, H, W), clamped to [-1, 1]."""
+    return video.transpose(1, 2).flatten(0, 1).clamp(-1.0, 1.0)
 
 
 def match_shift(frame: torch.Tensor, terrain: torch.Tensor, margin: int) -> tuple[int, int, float]:
@@ -441,6 +451,29 @@ def onestep_history(
     return torch.cat([x0[:, :, :1], x0_hat], dim=2)
 
 
+class FrameCritic(nn.Module):
+    """A small patch discriminator on 64x64 frames in [-1, 1]: (N, 3, H, W) -> (N, H/8 * W/8)
+    logits, one per 8x8 patch (one game tile), spectrally normalised for a stable hinge game
+    (PatchGAN / ADD style). It learns the game's look (flat tiles, its palette, crisp edges), so
+    its loss asks a prediction to be a sample, where least squares alone asks for a mean."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        sn = nn.utils.parametrizations.spectral_norm
+        self.net = nn.Sequential(
+            sn(nn.Conv2d(3, width, 4, 2, 1)),
+            nn.LeakyReLU(0.2),
+            sn(nn.Conv2d(width, 2 * width, 4, 2, 1)),
+            nn.LeakyReLU(0.2),
+            sn(nn.Conv2d(2 * width, 4 * width, 4, 2, 1)),
+            nn.LeakyReLU(0.2),
+            sn(nn.Conv2d(4 * width, 1, 3, 1, 1)),
+        )
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return self.net(frames).flatten(1)
+
+
 # --- checkpoints -------------------------------------------------------------------------------
 
 
@@ -493,6 +526,9 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.episodes: Episodes | None = None
+        self.critic: FrameCritic | None = None  # the sf stage's adversary (`sf_adv` > 0)
+        self.critic_opt: torch.optim.Optimizer | None = None
+        self.adv_log: dict[str, float] = {}  # the critic's last losses, for the train log
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -518,6 +554,11 @@ class Trainer:
                 "ema": self.ema.state_dict(),
                 "dit_opt": self.dit_opt.state_dict(),
                 "rng": rng_state(self.rng, self.gen),
+                **(
+                    {"critic": self.critic.state_dict(), "critic_opt": self.critic_opt.state_dict()}
+                    if self.critic is not None and self.critic_opt is not None
+                    else {}
+                ),
             },
         )
 
@@ -539,6 +580,10 @@ class Trainer:
         self.dit.load_state_dict(state["dit"])
         self.ema.load_state_dict(state["ema"])
         self.dit_opt.load_state_dict(state["dit_opt"])
+        if "critic" in state:
+            self.new_critic()
+            self.critic.load_state_dict(state["critic"])
+            self.critic_opt.load_state_dict(state["critic_opt"])
         set_rng_state(self.rng, self.gen, state["rng"])
 
     def reuse_ae(self, run: Path) -> None:
@@ -584,6 +629,17 @@ class Trainer:
         )
         self.rng = np.random.default_rng([c.seed, 2])
         self.gen = torch.Generator().manual_seed(c.seed + 2_000_003)
+        if c.sf_adv > 0:
+            self.new_critic()
+
+    def new_critic(self) -> None:
+        """A freshly initialised `FrameCritic` (seeded) and its optimiser."""
+        state = torch.random.get_rng_state()
+        torch.manual_seed(self.cfg.seed + 3_000_017)
+        self.critic = FrameCritic()
+        torch.random.set_rng_state(state)
+        self.ae.requires_grad_(False)  # its decoder only carries the critic's gradient to the DiT
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=CRITIC_LR, betas=(0.5, 0.99))
 
     def sf_grid(self) -> tuple[int, int] | None:
         """(patch, window) of the sf stage's DiT when `sf_patch` / `sf_window` change it, else None."""
@@ -832,6 +888,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{loss:.4f}", drift=f"{drift:.3f}")
                 record = {"loss": loss, "grad_norm": gnorm, "history_mse": drift, "t": self.total_elapsed()}
                 record.update(extra)
+                record.update(self.adv_log)
                 if weight is not None:
                     record["supervised"] = weight.mean().item()  # share of the noisy latents in the loss
                 self.log(record)
@@ -1016,12 +1073,34 @@ class Trainer:
         else:
             weight = weight.expand_as(err)
             loss = (err * weight).sum() / weight.sum().clamp_min(1.0)
+        total_loss, fake = loss, None
+        if self.critic is not None and self.stage == "sf":
+            # One frame per noisy chunk: its x0 prediction decoded (through the frozen decoder)
+            # and scored by the critic; the hinge generator loss joins the flow loss.
+            pick = torch.randint(0, chunk, (b, n_chunks), generator=self.gen) + torch.arange(n_chunks) * chunk
+            rows = torch.arange(b)[:, None]
+            sig = sig_n_f[rows, pick][:, :, None, None, None]  # (B, chunks, 1, 1, 1)
+            x0_hat = (xn[rows, :, pick] - sig * pred[rows, :, pick]).permute(0, 2, 1, 3, 4)
+            fake = frames_of(self.ae.decode_float(x0_hat))
+            self.critic.requires_grad_(False)
+            adv_g = -self.critic(fake).mean()
+            self.critic.requires_grad_(True)
+            total_loss = loss + c.sf_adv * adv_g
         for group in self.dit_opt.param_groups:
             group["lr"] = lr_at(self.step, total, peak_lr, warmup)
         self.dit_opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total_loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
         self.dit_opt.step()
+        if fake is not None:
+            with torch.no_grad():
+                real = frames_of(self.ae.decode_float(x0[:, :, 1:][rows, :, pick].permute(0, 2, 1, 3, 4)))
+            d_real, d_fake = self.critic(real), self.critic(fake.detach())
+            adv_d = torch.relu(1.0 - d_real).mean() + torch.relu(1.0 + d_fake).mean()
+            self.critic_opt.zero_grad(set_to_none=True)
+            adv_d.backward()
+            self.critic_opt.step()
+            self.adv_log = {"adv_g": adv_g.item(), "adv_d": adv_d.item()}
         with torch.no_grad():
             decay = min(c.ema, (1 + self.step) / (10 + self.step))
             for pe, p in zip(self.ema.parameters(), dit.parameters(), strict=True):
