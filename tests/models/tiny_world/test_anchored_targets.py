@@ -4,7 +4,6 @@ game's terrain, so they agree with the model's history and still follow the game
 
 from __future__ import annotations
 
-import json
 import types
 from pathlib import Path
 
@@ -13,7 +12,8 @@ import pytest
 import torch
 
 from models.game import Game, GameConfig, random_policy
-from models.tiny_world.train import ANCHOR_MARGIN, TrainConfig, Trainer, gaussian_blur, main, match_shift
+from models.tiny_world.train import ANCHOR_MARGIN, TrainConfig, Trainer, gaussian_blur, match_shift
+from tests.models.tiny_world.test_train_cli import train_tiny
 
 
 def _unit(frames: np.ndarray) -> torch.Tensor:
@@ -97,16 +97,8 @@ def test_a_frame_unlike_the_map_is_left_out(tmp_path: Path) -> None:
 
 
 def test_the_cli_trains_on_anchored_targets_after_a_lead(tmp_path: Path) -> None:
-    from tests.models.tiny_world.test_train_cli import TINY
-
     sf = ["--sf-batch", "2", "--sf-p-self", "1", "--sf-target", "anchor", "--sf-lead", "1", "--sf-blur", "0"]
-    n = torch.get_num_threads()
-    try:
-        assert main(["--out", str(tmp_path), *TINY, *sf]) == 0
-    finally:
-        torch.set_num_threads(n)
-    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
-    rows = [r for r in log if r["stage"] == "sf" and "loss" in r]
+    rows = train_tiny(tmp_path, *sf)
     assert [r["step"] for r in rows] == [1, 2]
     # An untrained model's frames match the map poorly or not at all; either way it is recorded.
     assert all(0.0 <= r["anchored"] <= 1.0 and r["supervised"] == r["anchored"] for r in rows)

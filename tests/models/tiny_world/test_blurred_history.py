@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from models.tiny_world.train import gaussian_blur, main
-from tests.models.tiny_world.test_train_cli import TINY
+from tests.models.tiny_world.test_train_cli import TINY, train_tiny
 
 
 def test_gaussian_blur_spreads_a_point_by_its_sigma_and_keeps_its_mass():
@@ -56,7 +56,6 @@ def test_slowed_history_trains_only_the_last_chunk(tmp_path: Path):
 
 def test_one_step_history_trains_from_the_cli(tmp_path: Path):
     sf = ["--sf-steps", "2", "--sf-batch", "2", "--sf-clip-chunks", "2", "--sf-p-self", "0"]
-    assert main(["--out", str(tmp_path), *TINY, *sf, "--sf-blur", "0", "--sf-onestep", "1"]) == 0
-    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log if r["stage"] == "sf" and "loss" in r] == [1, 2]
+    rows = train_tiny(tmp_path, *sf, "--sf-blur", "0", "--sf-onestep", "1")
+    assert [r["step"] for r in rows] == [1, 2]
     assert (tmp_path / "model" / "worldserve.json").is_file()

@@ -21,6 +21,18 @@ TINY = [
 ]  # fmt: skip
 
 
+def train_tiny(out: Path, *args: str) -> list[dict]:
+    """Run the training CLI on the TINY budget plus `args` (torch's thread count restored after);
+    returns the sf stage's logged steps."""
+    n = torch.get_num_threads()
+    try:
+        assert main(["--out", str(out), *TINY, *args]) == 0
+    finally:
+        torch.set_num_threads(n)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    return [r for r in log if r["stage"] == "sf" and "loss" in r]
+
+
 @pytest.fixture(autouse=True)
 def _keep_torch_threads():
     n = torch.get_num_threads()
