@@ -7,8 +7,7 @@ chunk after chunk, how far the view moves (px per 4-frame chunk; the game: 4):
 
 * `own`: the served rollout through the Engine, each chunk on the model's own earlier chunks;
 * `game_history`: each chunk sampled by the same sampler from the game's own frames as history
-  (encoded, in the serving window and mask): teacher forcing at serving time.
-
+  (encoded, in the serving window and mask): teacher forcing at serving time;
 * `stall_chunk`: chunk 4 (whose 16-frame window no longer holds the start frame) sampled on the
   model's own history, on it with its latest or its oldest visible frame taken from the game, and
   on the game's (px over the chunk's 4 frames, read frame to frame).
@@ -50,6 +49,12 @@ def per_chunk(frames: np.ndarray, chunk: int) -> list[float]:
     ]
 
 
+def to_frames(world: World, latents: torch.Tensor) -> np.ndarray:
+    """Latents (1, C, F, h, w) decoded by the world's autoencoder: (F, H, W, 3) uint8."""
+    frames = world.decoder.ae.decode_float(latents)[0].clamp(-1, 1)
+    return ((frames.permute(1, 2, 3, 0) + 1) * 127.5).round().byte().numpy()
+
+
 @torch.no_grad()
 def game_history_chunk(
     world: World, latents: torch.Tensor, actions: torch.Tensor, k: int, gen: torch.Generator
@@ -60,8 +65,7 @@ def game_history_chunk(
     lat = rollout_history(
         world.transformer, latents[:, :, :end], actions[:, :end], world.config.schedule, gen, first=k - 1
     )
-    frame = world.decoder.ae.decode_float(lat[:, :, end - 1 : end])[0, :, -1].clamp(-1, 1)
-    return ((frame.permute(1, 2, 0) + 1) * 127.5).round().byte().numpy()
+    return to_frames(world, lat[:, :, end - 1 : end])[0]
 
 
 @torch.no_grad()
@@ -88,8 +92,7 @@ def stall_chunk(world: World, latents: torch.Tensor, actions: torch.Tensor, gen:
     for name, hist in histories.items():
         clip = torch.cat([hist, latents[:, :, end : end + chunk]], dim=2)  # chunk k is resampled
         lat = rollout_history(dit, clip, actions[:, : end + chunk], sched, gen, first=k)
-        frames = world.decoder.ae.decode_float(lat[:, :, end - 1 :])[0].clamp(-1, 1)
-        frames = ((frames.permute(1, 2, 3, 0) + 1) * 127.5).round().byte().numpy()
+        frames = to_frames(world, lat[:, :, end - 1 :])
         steps = [scroll_offset(a, b, radius=2, ignore=(32.0, 32.0))[0] for a, b in itertools.pairwise(frames)]
         out[name] = float(sum(steps))
     return out
