@@ -9,8 +9,9 @@ Writes --out/tiny_world_speed.json with:
 * `frames_per_second`: committed video frames per wall second over `--chunks` lockstep chunks,
   submitted one at a time as a realtime client would (the next chunk is asked for when the
   previous one has arrived), plus each stage's mean milliseconds per chunk;
-* `action_response`: after idle chunks, one chunk holds "d"; the number of chunks until the view
-  visibly scrolls (0 = the very chunk that carried the key) and that chunk's submit-to-commit ms.
+* `action_response`: in a fresh session, after two idle chunks, one chunk holds "d"; the number
+  of chunks until the view visibly scrolls (0 = the very chunk that carried the key) and that
+  chunk's submit-to-commit ms.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def run_chunk(engine: Engine, sid: str, actions: list[FrameAction] | None) -> Ch
 
 
 def trial(engine: Engine, model_id: str, seed: int, chunks: int) -> dict:
+    """One session: its open time, then `chunks` lockstep chunks of random held keys (frames per
+    second and stage means); then the action response in a fresh session of the same seed."""
     sid = f"speed-{seed}"
     t0 = time.perf_counter()
     engine.add_stream(sid, model_id, Conditioning(seed=seed))
@@ -67,8 +70,27 @@ def trial(engine: Engine, model_id: str, seed: int, chunks: int) -> dict:
         for k, v in out.timings.as_dict().items():
             stages.setdefault(k, []).append(v)
     wall = time.perf_counter() - t1
+    engine.remove_stream(sid)
+    response_chunks, response_ms = action_response(engine, model_id, seed)
+    return {
+        "seed": seed,
+        "first_frame_ms": first_ms,
+        "frames": n_frames,
+        "wall_s": wall,
+        "frames_per_second": n_frames / wall,
+        "stage_ms_mean": {k: statistics.mean(v) for k, v in stages.items()},
+        "response_chunks": response_chunks,
+        "response_ms": response_ms,
+    }
 
-    # action -> visible response: idle until still, then hold "d" for one chunk.
+
+def action_response(engine: Engine, model_id: str, seed: int) -> tuple[int | None, float | None]:
+    """Chunks until one held "d" visibly moves the view or the sprite (0 = the very chunk that
+    carried the key) and that chunk's submit-to-commit ms; None when it never does in 4 chunks.
+    A fresh session, two idle chunks in, so it times the response on the world as it starts
+    (after minutes of play the measure would be of the world's drift, not of the latency)."""
+    sid = f"response-{seed}"
+    engine.add_stream(sid, model_id, Conditioning(seed=seed))
     last = None
     for _ in range(2):
         last = run_chunk(engine, sid, [FrameAction.idle()])
@@ -91,16 +113,7 @@ def trial(engine: Engine, model_id: str, seed: int, chunks: int) -> dict:
             response_chunks, response_ms = k, ms
             break
     engine.remove_stream(sid)
-    return {
-        "seed": seed,
-        "first_frame_ms": first_ms,
-        "frames": n_frames,
-        "wall_s": wall,
-        "frames_per_second": n_frames / wall,
-        "stage_ms_mean": {k: statistics.mean(v) for k, v in stages.items()},
-        "response_chunks": response_chunks,
-        "response_ms": response_ms,
-    }
+    return response_chunks, response_ms
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,6 +28,11 @@ from models.game import KEYS, GameConfig, encode_actions, random_policy, simulat
 # The action space of the tiny world (keys only); rows are ActionSpace.width wide.
 SPACE = ActionSpace(keys=tuple(KEYS), mouse=False, vector_dim=0)
 
+# `random_policy` settings of the focus episodes (the sf stage's `sf_focus`): what the default
+# policy seldom plays and the world must get right for minutes: long idle stretches (40 % of the
+# segments) and long straight holds (mean 32 frames, up to 96), which walk into walls.
+FOCUS_POLICY = {"mean_hold": 32.0, "max_hold": 96, "p_idle": 0.4, "p_diagonal": 0.0}
+
 
 @dataclass
 class Episodes:
@@ -51,18 +56,24 @@ def action_rows(actions: Sequence[Iterable[str]]) -> np.ndarray:
     return rows
 
 
-def make_episodes(seeds: Sequence[int], n_actions: int, size: int = 64, progress: bool = False) -> Episodes:
-    """Simulate `random_policy(seed, n_actions)` in the world of every seed."""
+def make_episodes(
+    seeds: Sequence[int],
+    n_actions: int,
+    size: int = 64,
+    progress: bool = False,
+    policy: dict[str, float] | None = None,
+) -> Episodes:
+    """Simulate `random_policy(seed, n_actions, **policy)` in the world of every seed."""
     config = GameConfig(size=size)
     frames = np.empty((len(seeds), n_actions + 1, size, size, 3), dtype=np.uint8)
     actions = np.empty((len(seeds), n_actions + 1, SPACE.width), dtype=np.float32)
     cameras = np.empty((len(seeds), n_actions + 1, 2), dtype=np.float32)
     players = np.empty((len(seeds), n_actions + 1, 2), dtype=np.float32)
     for i, seed in enumerate(tqdm(seeds, desc="simulate", unit="ep", disable=not progress)):
-        policy = random_policy(int(seed), n_actions)
-        sim = simulate(int(seed), policy, config)
+        keys = random_policy(int(seed), n_actions, **(policy or {}))
+        sim = simulate(int(seed), keys, config)
         frames[i] = sim.frames
-        actions[i] = action_rows(policy)
+        actions[i] = action_rows(keys)
         # The player's centre in the world and on screen pin the camera: screen = (world - cam) * scale.
         cameras[i] = sim.player_world_pos * config.scale - sim.player_pos
         players[i] = sim.player_pos

@@ -45,6 +45,11 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              of the clips' last chunk sees its history slowed (the motion scaled by r in [0, 1)
              up to the true last frame) and only that chunk is trained. `sf_patch` /
              `sf_window`: the stage's DiT on a finer token grid / another window (`regrid`).
+             `sf_layers`: the stage's DiT grown deeper by identity-initialised blocks (`deepen`).
+             `sf_focus`: a share of the clips comes from focus episodes (`FOCUS_POLICY`: long
+             idle stretches, long holds into walls; DIR/focus.safetensors). `sf_self_idle`: a
+             share of the all-idle clips gets the model's own rollout as history, first run
+             idle for 0..`sf_idle_lead` chunks; in idle the game's frames stay the right targets.
     export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
@@ -75,9 +80,10 @@ from tqdm import tqdm
 from models.causal_wan import CausalWan, frame_attention_mask
 from models.fast_decoder import FastAutoencoder, FastStreamingDecoder
 from models.game import Game, GameConfig, GameError, random_policy
+from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise
 from models.tiny_world import SIZE, ae_config, dit_config, world_config
-from models.tiny_world.data import Episodes, make_episodes
+from models.tiny_world.data import FOCUS_POLICY, Episodes, make_episodes
 from models.world import World
 
 STAGES = ("ae", "dit", "sf", "done")
@@ -131,6 +137,11 @@ class TrainConfig:
     sf_warp: float = 0.0  # share of non-self-rolled clips whose last chunk sees a slowed history
     sf_patch: int = 0  # > 0: the sf stage's DiT patch side on the latent grid (`regrid`); 0: dit_config's
     sf_window: int = 0  # > 0: the sf stage's attention window in latent frames; 0: dit_config's
+    sf_layers: int = 0  # > 0: the sf stage's DiT grown to this many blocks (`deepen`); 0: dit_config's
+    sf_focus: float = 0.0  # share of sf clips from the focus episodes (long idles and holds: FOCUS_POLICY)
+    sf_focus_episodes: int = 160  # focus episodes, in the worlds after the training ones
+    sf_self_idle: float = 0.0  # share of the all-idle clips whose history is the model's own rollout
+    sf_idle_lead: int = 0  # those rollouts first run idle for 0..this many chunks (drawn per step)
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -337,6 +348,39 @@ def regrid(dit: CausalWan, patch: int, window: int) -> CausalWan:
     return out
 
 
+def deepen(dit: CausalWan, layers: int, seed: int) -> CausalWan:
+    """A copy of `dit` with `layers` blocks: block i of `dit` becomes block i * layers // n
+    (spread evenly) and the blocks between are new, with every projection onto the residual
+    stream (self- and cross-attention outputs, the action module's output, the feed-forward's
+    last layer) zero. A zero projection makes a block the identity, so the deeper model computes
+    exactly what `dit` does and training grows into the new capacity. The new blocks' other
+    weights are drawn from `seed`. Every block keeps an action module, so `dit` must have one in all."""
+    n, cfg = dit.cfg.num_layers, dit.cfg
+    if layers <= n:
+        raise ValueError(f"deepen: {layers} layers is not more than the model's {n}")
+    if cfg.action is None or cfg.action.kind != "worldserve" or cfg.action.blocks < n:
+        raise ValueError("deepen needs the worldserve action module in every block")
+    new_cfg = replace(cfg, num_layers=layers, action=replace(cfg.action, blocks=layers))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = CausalWan(new_cfg)
+    place = {i * layers // n: i for i in range(n)}
+    state = out.state_dict()
+    for key, value in dit.state_dict().items():
+        if not key.startswith("blocks."):
+            state[key] = value
+    residual = ("attn1.to_out.0.", "attn2.to_out.0.", "action.key_out.", "action.motion_out.", "ffn.net.2.")
+    for j in range(layers):
+        if j in place:
+            old = dit.blocks[place[j]].state_dict()
+            state.update({f"blocks.{j}.{k}": v for k, v in old.items()})
+        else:
+            for key in [k for k in state if k.startswith(tuple(f"blocks.{j}.{r}" for r in residual))]:
+                state[key] = torch.zeros_like(state[key])
+    out.load_state_dict(state)
+    return out
+
+
 def gaussian_blur(frames: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     """Blur frames (N, 3, H, W) with a separable Gaussian of per-frame `sigma` (N,) pixels
     (edges replicated; sigma 0 leaves a frame as it is)."""
@@ -357,6 +401,11 @@ def valid_latent_mask(valid: torch.Tensor, patch: int) -> torch.Tensor:
     b, t, h, w = valid.shape
     blocks = valid.view(b, t, h // patch, patch, w // patch, patch)
     return blocks.all(dim=5).all(dim=3).float()
+
+
+def idle_clips(actions: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: which clips of action rows (B, F, 1, width) hold no key after their start frame."""
+    return actions[:, 1:].flatten(1).abs().sum(1) == 0
 
 
 def sample_sigmas(
@@ -391,28 +440,55 @@ def rollout_history(
     rollout's block-causal window and sinks) under `actions` (B, F, 1, width). Returns (B, C, F, h, w).
     `noise(chunk, step)` may supply the sampler's noise (B, C, chunk_frames, h, w) (tests: the
     engine's); by default it is drawn from `gen`. Chunks before `first` are kept from `x0`, so
-    the later ones are generated on that history instead of the model's own."""
-    chunk, window = dit.cfg.chunk_frames, dit.cfg.window_frames
-    b, f = x0.shape[0], x0.shape[2]
-    out = x0.clone()
-    text = [dit.text_kv(dit.null_text(x0.device, x0.dtype))] * b
-    sigmas, steps = schedule.sigmas, schedule.timesteps
-    shape = (*x0.shape[:2], chunk, *x0.shape[3:])
+    the later ones are generated on that history instead of the model's own.
+
+    It runs as a session does: every chunk through the model's K/V cache (`forward_chunk`: the
+    sampler's forwards, then the clean pass that writes the chunk's K/V), so a chunk costs the same
+    at frame 600 as at frame 16. The cache holds the whole clip (no ring): a chunk's slots are its
+    frame numbers and what it reads is its row of `frame_attention_mask`. The model's own cache
+    (a serving pool, if any) is put back after."""
+    cfg = dit.cfg
+    chunk, window = cfg.chunk_frames, cfg.window_frames
+    b, c, f, h, w = x0.shape
+    if (f - 1) % chunk:
+        raise ValueError(f"{f} frames are not a start frame plus whole chunks of {chunk}")
+    tpf = dit.tokens_per_frame(h, w)
+    slack = max(0, f - cfg.sink_frames - window)
+    capacity = cfg.sink_frames + window + slack
+    mask = frame_attention_mask([1] + [chunk] * ((f - 1) // chunk), window, cfg.sink_frames)
+    rows = torch.arange(b)
+    shape = (b, c, chunk, h, w)
     if noise is None:
         noise = lambda _chunk, _step: torch.randn(shape, generator=gen)  # noqa: E731
-    for j, s in enumerate(range(1, f, chunk)):
-        if j < first:
-            continue
-        mask = frame_attention_mask([1] + [chunk] * (j + 1), window, dit.cfg.sink_frames)
-        x = noise(j, 0)  # the runner starts from pure noise (the first sigma is 1)
-        for k, (tk, sg) in enumerate(zip(steps, sigmas, strict=True)):
-            seq = torch.cat([out[:, :, :s], x], dim=2)
-            t = torch.cat([torch.zeros(b, s), torch.full((b, chunk), float(tk))], dim=1)
-            pred = dit.forward_dense(seq, t, text, mask, actions[:, : s + chunk])[:, :, s:]
-            x0_hat = schedule.to_x0(pred, x, sg)
-            if k + 1 < len(sigmas):
-                x = schedule.next_x(x0_hat, x, sg, sigmas[k + 1], lambda j=j, k=k: noise(j, k + 1))
-        out[:, :, s : s + chunk] = x0_hat
+
+    def index(s: int, n: int) -> ChunkIndex:
+        valid = torch.zeros(capacity, dtype=torch.bool)
+        valid[:f] = mask[s]
+        slots = torch.arange(s * tpf, (s + n) * tpf)
+        return ChunkIndex(rows, slots.expand(b, -1), valid.expand(b, -1), torch.full((b,), s))
+
+    out = x0.clone()
+    zero = torch.zeros(b)
+    served = dit.pool
+    dit.setup_caches(b, h, w, dtype=x0.dtype, device=x0.device, slack_frames=slack)
+    try:
+        for r in range(b):
+            dit.set_text(r, dit.null_text(x0.device, x0.dtype))
+        dit.forward_chunk(out[:, :, :1], zero, index(0, 1), actions[:, :1], need_output=False)
+        for j, s in enumerate(range(1, f, chunk)):
+            idx, acts = index(s, chunk), actions[:, s : s + chunk]
+            if j >= first:
+                x = noise(j, 0)  # the runner starts from pure noise (the first sigma is 1)
+                for k, (tk, sg) in enumerate(zip(schedule.timesteps, schedule.sigmas, strict=True)):
+                    pred = dit.forward_chunk(x, torch.full((b,), float(tk)), idx, acts)
+                    x0_hat = schedule.to_x0(pred, x, sg)
+                    if k + 1 < len(schedule.sigmas):
+                        fresh = lambda j=j, k=k: noise(j, k + 1)  # noqa: E731
+                        x = schedule.next_x(x0_hat, x, sg, schedule.sigmas[k + 1], fresh)
+                out[:, :, s : s + chunk] = x0_hat
+            dit.forward_chunk(out[:, :, s : s + chunk], zero, idx, acts, need_output=False)
+    finally:
+        dit.pool = served
     return out
 
 
@@ -572,9 +648,9 @@ class Trainer:
         if mean:
             self.ae.set_normalisation(torch.tensor(mean), torch.tensor(std))
         self.ae_opt.load_state_dict(state["ae_opt"])
-        if self.stage in ("sf", "done") and (grid := self.sf_grid()) is not None:
-            # The checkpoint holds the refined modules: build their shapes before loading.
-            self.ema = regrid(self.ema, *grid).requires_grad_(False)
+        if self.stage in ("sf", "done") and (ema := self.sf_arch(self.ema)) is not None:
+            # The checkpoint holds the reshaped modules: build their shapes before loading.
+            self.ema = ema.requires_grad_(False)
             self.dit = CausalWan(self.ema.cfg)
             self.dit_opt = torch.optim.AdamW(self.dit.parameters(), betas=(0.9, 0.99), weight_decay=0.01)
         self.dit.load_state_dict(state["dit"])
@@ -620,8 +696,8 @@ class Trainer:
         RNGs of its own (so the stage does not depend on how the previous one was reached)."""
         c = self.cfg
         self.step = 0
-        if (grid := self.sf_grid()) is not None:
-            self.ema = regrid(self.ema, *grid).requires_grad_(False)
+        if (ema := self.sf_arch(self.ema)) is not None:
+            self.ema = ema.requires_grad_(False)
             self.dit = CausalWan(self.ema.cfg)
         self.dit.load_state_dict(self.ema.state_dict())
         self.dit_opt = torch.optim.AdamW(
@@ -641,12 +717,18 @@ class Trainer:
         self.ae.requires_grad_(False)  # its decoder only carries the critic's gradient to the DiT
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=CRITIC_LR, betas=(0.5, 0.99))
 
-    def sf_grid(self) -> tuple[int, int] | None:
-        """(patch, window) of the sf stage's DiT when `sf_patch` / `sf_window` change it, else None."""
+    def sf_arch(self, dit: CausalWan) -> CausalWan | None:
+        """The sf stage's DiT made from `dit` when `sf_patch` / `sf_window` (`regrid`) or
+        `sf_layers` (`deepen`) change its shape, else None."""
         c, base = self.cfg, dit_config()
-        if not (c.sf_steps > 0 and (c.sf_patch or c.sf_window)):
+        if c.sf_steps == 0:
             return None
-        return c.sf_patch or base.patch_size[1], c.sf_window or base.window_frames
+        out = None
+        if c.sf_patch or c.sf_window:
+            out = regrid(dit, c.sf_patch or base.patch_size[1], c.sf_window or base.window_frames)
+        if c.sf_layers:
+            out = deepen(out or dit, c.sf_layers, seed=c.seed + 4_000_037)
+        return out
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -726,19 +808,53 @@ class Trainer:
         if path.is_file():
             data = load_file(str(path))
             return data["latents"], data["actions"], data.get("cameras"), data.get("players")
-        eps = self.data()
+        tensors = self.encode_episodes(self.data())
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+        return tensors["latents"], tensors["actions"], tensors["cameras"], tensors["players"]
+
+    @torch.no_grad()
+    def encode_episodes(self, eps: Episodes) -> dict[str, torch.Tensor]:
+        """Episodes as the DiT stages read them: latents (E, N+1, C, h, w) float16, action rows,
+        cameras and players' screen positions (E, N+1, 2)."""
         self.ae.eval()
         dec = FastStreamingDecoder(self.ae)
         out = []
         for ep in tqdm(eps.frames, desc="encode", unit="ep", disable=not self.progress):
             out.append(dec.encode(ep).transpose(0, 1).half())  # (N+1, C, h, w)
-        lat = torch.stack(out)
-        actions = torch.from_numpy(eps.actions)
-        cameras = torch.from_numpy(eps.cameras)
-        players = torch.from_numpy(eps.players)
-        tensors = {"latents": lat, "actions": actions, "cameras": cameras, "players": players}
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
-        return lat, actions, cameras, players
+        return {
+            "latents": torch.stack(out),
+            "actions": torch.from_numpy(eps.actions),
+            "cameras": torch.from_numpy(eps.cameras),
+            "players": torch.from_numpy(eps.players),
+        }
+
+    def focus_latents(self) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """The focus episodes (`sf_focus_episodes` worlds after the training ones, played by
+        `FOCUS_POLICY`) encoded as `encode_episodes` does, and blurred as `blurred_latents` does
+        when `sf_blur` > 0 (else None); cached in DIR/focus.safetensors with its settings."""
+        c = self.cfg
+        path = self.out / "focus.safetensors"
+        blur = c.sf_blur > 0
+        meta = {
+            "seed": str(c.seed),
+            "episodes": str(c.sf_focus_episodes),
+            "policy": json.dumps(FOCUS_POLICY, sort_keys=True),
+            "blur_max": str(c.sf_blur_max) if blur else "",
+            "jitter": str(c.sf_jitter),
+        }
+        if path.is_file():
+            with safe_open(str(path), "pt") as f:
+                if f.metadata() == meta:
+                    tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+                    return tensors, tensors.pop("blurred", None)
+        first = c.world_seed_base + c.episodes
+        seeds = list(range(first, first + c.sf_focus_episodes))
+        eps = make_episodes(seeds, c.episode_frames, SIZE, progress=self.progress, policy=FOCUS_POLICY)
+        tensors = self.encode_episodes(eps)
+        if blur:
+            tensors["blurred"] = self.encode_blurred(eps, torch.Generator().manual_seed(c.seed + 5_000_011))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
+        return tensors, tensors.pop("blurred", None)
 
     def blurred_latents(self) -> torch.Tensor:
         """Every episode frame degraded as the model's own rollout leaves its history: blurred
@@ -753,8 +869,15 @@ class Trainer:
             with safe_open(str(path), "pt") as f:
                 if f.metadata() == meta:
                     return f.get_tensor("latents")
-        eps = self.data()
-        gen = torch.Generator().manual_seed(c.seed + 3_000_017)
+        lat = self.encode_blurred(self.data(), torch.Generator().manual_seed(c.seed + 3_000_017))
+        save_file({"latents": lat.contiguous()}, str(path), metadata=meta)
+        return lat
+
+    @torch.no_grad()
+    def encode_blurred(self, eps: Episodes, gen: torch.Generator) -> torch.Tensor:
+        """Every frame of `eps` blurred (and jittered) as `blurred_latents` describes, drawing
+        from `gen`, then encoded: (E, N+1, C, h, w) float16."""
+        c = self.cfg
         self.ae.eval()
         out = []
         for ep in tqdm(eps.frames, desc="encode blurred", unit="ep", disable=not self.progress):
@@ -764,11 +887,8 @@ class Trainer:
             if c.sf_jitter > 0:
                 gain = 1.0 + c.sf_jitter * torch.randn(n, 3, 1, 1, generator=gen)
                 soft = (soft * gain + c.sf_jitter * torch.randn(n, 3, 1, 1, generator=gen)).clamp(-1.0, 1.0)
-            with torch.no_grad():
-                out.append(self.ae.encode_float(soft.transpose(0, 1)[None])[0].transpose(0, 1).half())
-        lat = torch.stack(out)
-        save_file({"latents": lat.contiguous()}, str(path), metadata=meta)
-        return lat
+            out.append(self.ae.encode_float(soft.transpose(0, 1)[None])[0].transpose(0, 1).half())
+        return torch.stack(out)
 
     def train_dit(self) -> bool:
         """Returns False when the time limit stopped it."""
@@ -822,6 +942,16 @@ class Trainer:
         mask, positions, f = teacher_forcing_layout(c.sf_clip_chunks, chunk, dit.cfg.window_frames)
         n_eps, n_frames = lat.shape[:2]
         blurred = self.blurred_latents() if c.sf_blur > 0 else None
+        n_focus = 0
+        if c.sf_focus > 0:
+            # The focus episodes go after the training ones; a clip picks them with odds sf_focus.
+            focus, focus_blurred = self.focus_latents()
+            n_focus = focus["latents"].shape[0]
+            lat, acts = torch.cat([lat, focus["latents"]]), torch.cat([acts, focus["actions"]])
+            if cams is not None:
+                cams, players = torch.cat([cams, focus["cameras"]]), torch.cat([players, focus["players"]])
+            if blurred is not None:
+                blurred = torch.cat([blurred, focus_blurred])
         self.episodes = None
         lead = c.sf_lead * chunk
 
@@ -836,20 +966,40 @@ class Trainer:
         bar = tqdm(total=c.sf_steps, initial=self.step, desc="self-forced", disable=not self.progress)
         while self.step < c.sf_steps:
             e = self.rng.integers(0, n_eps, size=c.sf_batch)
+            if n_focus:
+                pick = self.rng.random(c.sf_batch) < c.sf_focus
+                e = np.where(pick, n_eps + self.rng.integers(0, n_focus, size=c.sf_batch), e)
             s = self.rng.integers(0, n_frames - f - lead + 1, size=c.sf_batch) + lead
             idx = s[:, None] + np.arange(f)[None, :]
             x0, a = clips(idx, e)
             b = x0.shape[0]
             own = torch.rand(b, generator=self.gen) < c.sf_p_self
-            hist, warp = self.degraded_history(x0, a, e, idx, ~own, blurred)
+            idle = torch.zeros(b, dtype=torch.bool)
+            if c.sf_self_idle > 0:
+                # No key in the clip: the game's frames stay the right targets whatever the model's
+                # own history drifted to, so its rollout can be corrected back toward them.
+                idle = idle_clips(a) & (torch.rand(b, generator=self.gen) < c.sf_self_idle) & ~own
+            hist, warp = self.degraded_history(x0, a, e, idx, ~(own | idle), blurred)
+            dit.eval()
             if own.any():
                 # Rolled out from the ground truth `lead` frames before the clip, then cut to it.
                 sel = own.numpy()
                 x_own, a_own = clips(idx[sel, :1] - lead + np.arange(f + lead)[None, :], e[sel])
-                dit.eval()
                 hist[own] = rollout_history(dit, x_own, a_own, sched, self.gen)[:, :, lead:]
-                dit.train()
+            n_idle = 0
+            if idle.any():
+                # Rolled out idle from the clip's start frame for a drawn number of chunks first
+                # (the game's world stands still meanwhile), then through the idle clip.
+                n_idle = chunk * int(self.rng.integers(0, c.sf_idle_lead + 1))
+                x_idle = torch.zeros(int(idle.sum()), x0.shape[1], n_idle + f, *x0.shape[3:])
+                x_idle[:, :, :1] = x0[idle, :, :1]
+                a_idle = torch.zeros(x_idle.shape[0], n_idle + f, *a.shape[2:])
+                hist[idle] = rollout_history(dit, x_idle, a_idle, sched, self.gen)[:, :, n_idle:]
+            dit.train()
+            own |= idle
             weight, extra = None, {}
+            if c.sf_self_idle > 0:
+                extra.update(self_rolled=own.float().mean().item(), idle_lead=n_idle)
             if c.sf_target == "anchor":
                 # Self-rolled clips: the game re-anchored to the model's world; others as usual.
                 weight = torch.ones_like(x0[:, :1, 1:])

@@ -7,6 +7,7 @@ context passes into a windowed KV cache (the serving path).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -86,26 +87,42 @@ def test_schedule_helpers():
     assert s.min() >= 0 and s.max() <= 1 and (s == 1.0).float().mean() > 0.2
 
 
+def serve_random_policy(world, seed: int, n_chunks: int) -> tuple[np.ndarray, list[frozenset[str]]]:
+    """One engine session of `world` (seed `seed`) under the game's random policy for `n_chunks`
+    chunks: its frames (start frame first) and the policy's keys."""
+    from models.actions import FrameAction
+    from models.game import random_policy
+    from models.world import Conditioning
+    from runtime.engine import Engine
+    from runtime.requests import ChunkRequest
+
+    chunk = world.chunk_frames
+    script = random_policy(seed, n_chunks * chunk)
+    engine = Engine({world.config.id: world}, max_batch=1)
+    frames = {0: engine.add_stream("s", world.config.id, Conditioning(seed=seed)).frame[None]}
+    for j in range(n_chunks):
+        acts = [FrameAction(frozenset(k)) for k in script[j * chunk : (j + 1) * chunk]]
+        engine.submit(ChunkRequest("s", engine.new_request_id(), actions=acts))
+    while engine.has_work():
+        for o in engine.step():
+            frames[o.frame0] = o.frames
+    return np.concatenate([frames[k] for k in sorted(frames)]), script
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("sink", [False, True])
 def test_self_forced_history_is_the_engines_rollout(sink, tmp_path):
-    """The sf stage's history (`rollout_history`, dense forwards) is what a session would show:
+    """The sf stage's history (`rollout_history`) is what a session would show:
     driven with the engine's own noise, it decodes to the engine's frames. Also with a sink
     frame and a window short enough that the sink is all that is left of the start."""
     import json
     import shutil
 
-    import numpy as np
-
-    from models.actions import FrameAction
-    from models.game import random_policy
     from models.registry import from_name, load_world
     from models.tiny_world import WEIGHTS_DIR
     from models.tiny_world.data import action_rows
     from models.tiny_world.train import rollout_history
     from models.world import Conditioning
-    from runtime.engine import Engine
-    from runtime.requests import ChunkRequest
 
     world = from_name("tiny-world")
     n_chunks = 2
@@ -117,16 +134,7 @@ def test_self_forced_history_is_the_engines_rollout(sink, tmp_path):
         world, n_chunks = load_world(tmp_path / "w"), 4
         assert world.transformer.cfg.sink_frames == 1
     seed, chunk = 1_000_123, world.chunk_frames
-    script = random_policy(seed, n_chunks * chunk)
-    engine = Engine({world.config.id: world}, max_batch=1)
-    frames = {0: engine.add_stream("s", world.config.id, Conditioning(seed=seed)).frame[None]}
-    for j in range(n_chunks):
-        acts = [FrameAction(frozenset(k)) for k in script[j * chunk : (j + 1) * chunk]]
-        engine.submit(ChunkRequest("s", engine.new_request_id(), actions=acts))
-    while engine.has_work():
-        for o in engine.step():
-            frames[o.frame0] = o.frames
-    served = np.concatenate([frames[k] for k in sorted(frames)])
+    served, script = serve_random_policy(world, seed, n_chunks)
 
     start = world.init_state(Conditioning(seed=seed)).start_latents  # (C, 1, h, w)
     x0 = torch.zeros(1, start.shape[0], 1 + n_chunks * chunk, *start.shape[2:])
@@ -152,6 +160,36 @@ def test_rollout_history_from_a_later_chunk_keeps_the_given_history():
     assert not torch.equal(kept[:, :, 5:], x0[:, :, 5:])  # chunk 2: generated
     own = rollout_history(world.transformer, x0, actions, sched, torch.Generator().manual_seed(1))
     assert not torch.equal(own[:, :, 1:5], x0[:, :, 1:5])  # from chunk 0 everything is generated
+
+
+@torch.no_grad()
+def test_rollout_history_leaves_a_serving_cache_as_it_was():
+    """`rollout_history` runs through the model's K/V cache; a session served by the same module
+    goes on after it as if nothing had run in between."""
+    from models.actions import FrameAction
+    from models.registry import from_name
+    from models.tiny_world.train import rollout_history
+    from models.world import Conditioning
+    from runtime.engine import Engine
+    from runtime.requests import ChunkRequest
+
+    def serve(interrupt: bool) -> np.ndarray:
+        world = from_name("tiny-world")
+        engine = Engine({world.config.id: world}, max_batch=1)
+        engine.add_stream("s", world.config.id, Conditioning(seed=1_000_777))
+        frames = []
+        for j, keys in enumerate(["d", "s", "a"]):
+            if interrupt and j == 2:
+                x0 = torch.randn(2, 8, 9, 8, 8, generator=torch.Generator().manual_seed(0))
+                acts = torch.zeros(2, 9, 1, world.action_space.width)
+                rollout_history(world.transformer, x0, acts, world.config.schedule, torch.Generator())
+            acts = [FrameAction(frozenset({keys}))] * world.chunk_frames
+            engine.submit(ChunkRequest("s", engine.new_request_id(), actions=acts))
+            while engine.has_work():
+                frames += [o.frames for o in engine.step()]
+        return np.concatenate(frames)
+
+    assert np.array_equal(serve(interrupt=True), serve(interrupt=False))
 
 
 @torch.no_grad()
