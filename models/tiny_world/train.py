@@ -92,7 +92,6 @@ STAGES = ("ae", "dit", "sf", "done")
 # there (PSNR, dB) to be trained on; below it the model's world no longer is the game's map.
 ANCHOR_MARGIN = 24
 ANCHOR_MIN_PSNR = 15.0
-CRITIC_LR = 1e-3  # Adam learning rate of the sf stage's FrameCritic (`sf_adv`)
 
 
 @dataclass
@@ -133,6 +132,7 @@ class TrainConfig:
     sf_blur_max: float = 2.0  # largest Gaussian blur sigma (frame pixels) of those history frames
     sf_onestep: float = 0.0  # share of the other clips whose history is the model's one-chunk predictions
     sf_adv: float = 0.0  # weight of the adversarial loss on decoded x0 predictions (FrameCritic; 0: off)
+    sf_critic_lr: float = 1e-3  # Adam learning rate of that FrameCritic
     sf_jitter: float = 0.0  # std of the colour gain / offset ([-1, 1] units) of those history frames
     sf_warp: float = 0.0  # share of non-self-rolled clips whose last chunk sees a slowed history
     sf_patch: int = 0  # > 0: the sf stage's DiT patch side on the latent grid (`regrid`); 0: dit_config's
@@ -715,7 +715,8 @@ class Trainer:
         self.critic = FrameCritic()
         torch.random.set_rng_state(state)
         self.ae.requires_grad_(False)  # its decoder only carries the critic's gradient to the DiT
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=CRITIC_LR, betas=(0.5, 0.99))
+        lr = self.cfg.sf_critic_lr
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=lr, betas=(0.5, 0.99))
 
     def sf_arch(self, dit: CausalWan) -> CausalWan | None:
         """The sf stage's DiT made from `dit` when `sf_patch` / `sf_window` (`regrid`) or

@@ -35,11 +35,12 @@ def test_the_critic_scores_every_tile_and_learns_to_tell_flat_tiles_from_blur():
 
 def test_adversarial_sf_trains_logs_and_resumes(tmp_path: Path):
     sf = ["--sf-steps", "2", "--sf-batch", "2", "--sf-clip-chunks", "2", "--sf-adv", "0.1", "--sf-blur", "0"]
-    rows = train_tiny(tmp_path, *sf)
+    rows = train_tiny(tmp_path, *sf, "--sf-critic-lr", "2e-4")
     assert [r["step"] for r in rows] == [1, 2]
     assert all("adv_g" in r and r["adv_d"] >= 0 for r in rows)
     state = torch.load(tmp_path / "ckpt.pt", weights_only=False)
     assert "critic" in state and "critic_opt" in state
+    assert state["critic_opt"]["param_groups"][0]["lr"] == 2e-4
     n = torch.get_num_threads()
     try:  # the checkpoint's critic loads back
         assert main(["--out", str(tmp_path), "--resume", "--export-only", "--threads", "1"]) == 0
