@@ -501,6 +501,29 @@ def rollout_history(
     return out
 
 
+def teacher_forced_x0(
+    dit: CausalWan,
+    clean: torch.Tensor,
+    noisy: torch.Tensor,
+    actions: torch.Tensor,
+    schedule: FlowSchedule,
+    step: int,
+) -> torch.Tensor:
+    """Every chunk's clean estimate in one forward of the teacher-forced layout: the noisy copies
+    `noisy` (B, C, F-1, h, w) at the schedule's step `step`, each attending to the clean copies
+    `clean` (B, C, F, h, w) its serving twin would find in the cache, under `actions` (B, F, 1,
+    width). Returns (B, C, F-1, h, w)."""
+    chunk = dit.cfg.chunk_frames
+    b, f = clean.shape[0], clean.shape[2]
+    mask, positions, _ = teacher_forcing_layout((f - 1) // chunk, chunk, dit.cfg.window_frames)
+    tk, sg = schedule.timesteps[step], schedule.sigmas[step]
+    t = torch.cat([torch.zeros(b, f), torch.full((b, f - 1), float(tk))], dim=1)
+    text = [dit.text_kv(dit.null_text(clean.device, clean.dtype))] * b
+    seq_a = torch.cat([actions, actions[:, 1:]], dim=1)
+    pred = dit.forward_dense(torch.cat([clean, noisy], dim=2), t, text, mask, seq_a, positions)[:, :, f:]
+    return schedule.to_x0(pred, noisy, sg)
+
+
 def chain_history(
     dit: CausalWan,
     x0: torch.Tensor,
@@ -516,19 +539,11 @@ def chain_history(
     the gradient reaches one more chunk of generated history with every pass (truncated
     backpropagation through the rollout, as Self-Forcing trains through its own chunks). Returns
     the generated frames 1..F-1 (B, C, F-1, h, w)."""
-    chunk, window = dit.cfg.chunk_frames, dit.cfg.window_frames
-    b, f = x0.shape[0], x0.shape[2]
     last = torch.empty_like(x0[:, :, 1:])
     own = rollout_history(dit, x0, actions, schedule, gen, last_inputs=last)
-    mask, positions, _ = teacher_forcing_layout((f - 1) // chunk, chunk, window)
-    tk, sg = schedule.timesteps[-1], schedule.sigmas[-1]
-    t = torch.cat([torch.zeros(b, f), torch.full((b, f - 1), float(tk))], dim=1)
-    seq_a = torch.cat([actions, actions[:, 1:]], dim=1)
-    text = [dit.text_kv(dit.null_text(x0.device, x0.dtype))] * b
     hist, out = own, own[:, :, 1:]
     for _ in range(depth):
-        pred = dit.forward_dense(torch.cat([hist, last], dim=2), t, text, mask, seq_a, positions)[:, :, f:]
-        out = schedule.to_x0(pred, last, sg)
+        out = teacher_forced_x0(dit, hist, last, actions, schedule, len(schedule.steps) - 1)
         hist = torch.cat([own[:, :, :1], out], dim=2)
     return out
 
@@ -548,21 +563,15 @@ def onestep_history(
     `rollout_history(..., first=j)` generates for it; such a history carries the model's own
     one-chunk errors (softness, lag) while each chunk stays next to the truth. `noise(chunk,
     step)` as in `rollout_history`. Returns (B, C, F, h, w)."""
-    chunk, window = dit.cfg.chunk_frames, dit.cfg.window_frames
-    b, f = x0.shape[0], x0.shape[2]
-    mask, positions, _ = teacher_forcing_layout((f - 1) // chunk, chunk, window)
-    text = [dit.text_kv(dit.null_text(x0.device, x0.dtype))] * b
-    seq_a = torch.cat([actions, actions[:, 1:]], dim=1)
+    chunk, f = dit.cfg.chunk_frames, x0.shape[2]
     if noise is None:
         shape = (*x0.shape[:2], f - 1, *x0.shape[3:])
         draw = lambda _step: torch.randn(shape, generator=gen)  # noqa: E731
     else:
         draw = lambda step: torch.cat([noise(j, step) for j in range((f - 1) // chunk)], dim=2)  # noqa: E731
     x = draw(0)
-    for k, (tk, sg) in enumerate(zip(schedule.timesteps, schedule.sigmas, strict=True)):
-        t = torch.cat([torch.zeros(b, f), torch.full((b, f - 1), float(tk))], dim=1)
-        pred = dit.forward_dense(torch.cat([x0, x], dim=2), t, text, mask, seq_a, positions)[:, :, f:]
-        x0_hat = schedule.to_x0(pred, x, sg)
+    for k, sg in enumerate(schedule.sigmas):
+        x0_hat = teacher_forced_x0(dit, x0, x, actions, schedule, k)
         if k + 1 < len(schedule.sigmas):
             x = schedule.next_x(x0_hat, x, sg, schedule.sigmas[k + 1], lambda k=k: draw(k + 1))
     return torch.cat([x0[:, :, :1], x0_hat], dim=2)
@@ -1024,12 +1033,13 @@ class Trainer:
                 # own history drifted to, so its rollout can be corrected back toward them.
                 idle = idle_clips(a) & (torch.rand(b, generator=self.gen) < c.sf_self_idle) & ~own
             hist, warp = self.degraded_history(x0, a, e, idx, ~(own | idle), blurred)
-            dit.eval()
             if own.any():
                 # Rolled out from the ground truth `lead` frames before the clip, then cut to it.
                 sel = own.numpy()
                 x_own, a_own = clips(idx[sel, :1] - lead + np.arange(f + lead)[None, :], e[sel])
+                dit.eval()
                 hist[own] = rollout_history(dit, x_own, a_own, sched, self.gen)[:, :, lead:]
+                dit.train()
             n_idle = 0
             if idle.any():
                 # Rolled out idle from the clip's start frame for a drawn number of chunks first
@@ -1038,8 +1048,9 @@ class Trainer:
                 x_idle = torch.zeros(int(idle.sum()), x0.shape[1], n_idle + f, *x0.shape[3:])
                 x_idle[:, :, :1] = x0[idle, :, :1]
                 a_idle = torch.zeros(x_idle.shape[0], n_idle + f, *a.shape[2:])
+                dit.eval()
                 hist[idle] = rollout_history(dit, x_idle, a_idle, sched, self.gen)[:, :, n_idle:]
-            dit.train()
+                dit.train()
             own |= idle
             weight, extra = None, {}
             if c.sf_self_idle > 0:
@@ -1072,7 +1083,7 @@ class Trainer:
             if warp.any():  # slowed clips train only their last chunk
                 weight = torch.ones_like(x0[:, :1, 1:]) if weight is None else weight
                 weight[warp, :, : f - 1 - chunk] = 0.0
-            chain = self.chain_loss(lat, acts, cams, clips) if c.sf_chain > 0 else None
+            chain = self.chain_loss(lat, cams, clips) if c.sf_chain > 0 else None
             if chain is not None:
                 extra["chain_loss"] = chain.item()
             loss, gnorm = self.flow_step(
@@ -1109,7 +1120,6 @@ class Trainer:
     def chain_loss(
         self,
         lat: torch.Tensor,
-        acts: torch.Tensor,
         cams: torch.Tensor,
         clips: Callable[[np.ndarray, np.ndarray], tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
