@@ -63,7 +63,13 @@ def game_history_chunk(
     0 .. 4(k-1) as history (`rollout_history` from chunk k). Returns its last frame (H, W, 3)."""
     end = 1 + world.chunk_frames * k
     lat = rollout_history(
-        world.transformer, latents[:, :, :end], actions[:, :end], world.config.schedule, gen, first=k - 1
+        world.transformer,
+        latents[:, :, :end],
+        actions[:, :end],
+        world.config.schedule,
+        gen,
+        first=k - 1,
+        canonical=world.decoder.canonical,
     )
     return to_frames(world, lat[:, :, end - 1 : end])[0]
 
@@ -77,7 +83,8 @@ def stall_chunk(world: World, latents: torch.Tensor, actions: torch.Tensor, gen:
     dit, sched, chunk = world.transformer, world.config.schedule, world.chunk_frames
     k = dit.cfg.window_frames // chunk
     end = 1 + chunk * k
-    own = rollout_history(dit, latents[:, :, :end], actions[:, :end], sched, gen)
+    snap = world.decoder.canonical
+    own = rollout_history(dit, latents[:, :, :end], actions[:, :end], sched, gen, canonical=snap)
     latest, oldest = own.clone(), own.clone()
     latest[:, :, end - 1] = latents[:, :, end - 1]
     first_seen = end - (dit.cfg.window_frames - chunk)
@@ -91,7 +98,7 @@ def stall_chunk(world: World, latents: torch.Tensor, actions: torch.Tensor, gen:
     out = {}
     for name, hist in histories.items():
         clip = torch.cat([hist, latents[:, :, end : end + chunk]], dim=2)  # chunk k is resampled
-        lat = rollout_history(dit, clip, actions[:, : end + chunk], sched, gen, first=k)
+        lat = rollout_history(dit, clip, actions[:, : end + chunk], sched, gen, first=k, canonical=snap)
         frames = to_frames(world, lat[:, :, end - 1 :])
         steps = [scroll_offset(a, b, radius=2, ignore=(32.0, 32.0))[0] for a, b in itertools.pairwise(frames)]
         out[name] = float(sum(steps))

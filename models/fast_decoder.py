@@ -24,6 +24,17 @@ Layout::
 Configs: the tiny world uses per-frame latents (temporal 1, kernel 1: no cache tensors at all);
 `FastAEConfig.wan_like()` is the shape that would sit behind full-size Wan latents (16 channels,
 8x spatial, 4x temporal, first latent frame -> one video frame, kernel 2).
+
+Tile-aligned mode (`frame_size` > 0, for worlds drawn on a grid of `spatial`-px tiles, like the
+built-in game): a frame's latents are the cells of a canvas aligned to the tile grid, plus the
+frame's sub-tile offset on that canvas in 4 channels (cos, sin of x and y phase, the same in every
+cell). The encoder places the frame on the canvas at its offset (given when known, else read off
+the tile edges by `PhaseNet`) and encodes every cell from its own pixels (`CellEncoder`); the
+decoder draws every cell from its own latents (`CellDecoder`) and crops the frame at the offset.
+The encoder and decoder widths are `enc_channels[-1]` and `dec_channels[0]`.
+A camera scroll of a pixel is then a change of phase, and a whole tile a copy of cells, rather
+than a re-synthesis of every cell's sub-tile content (issue 11: in the plain latent even a
+dedicated scroll map compounds its error after one tile).
 """
 
 from __future__ import annotations
@@ -39,6 +50,8 @@ from torch import nn
 
 from models.actions import FrameLayout
 from models.vae import DecoderCache, to_uint8
+
+PHASE_CHANNELS = 4  # tile-aligned latents: cos, sin of the x phase, then of the y phase
 
 
 @dataclass
@@ -56,6 +69,7 @@ class FastAEConfig:
     dec_up_blocks: tuple[int, ...] = (1, 1, 0)  # residual blocks after each up-step (same order)
     latents_mean: list[float] = field(default_factory=list)  # per channel; [] = 0 (set after training)
     latents_std: list[float] = field(default_factory=list)  # per channel; [] = 1 (set after training)
+    frame_size: int = 0  # > 0: tile-aligned latents of frames this many px square (module docstring)
 
     def __post_init__(self) -> None:
         levels = int(math.log2(self.spatial))
@@ -71,6 +85,24 @@ class FastAEConfig:
             values = getattr(self, name)
             if values and len(values) != self.latent_channels:
                 raise ValueError(f"{name} needs {self.latent_channels} values")
+        if self.frame_size:
+            if self.frame_size % self.spatial or self.temporal != 1 or self.temporal_kernel != 1:
+                raise ValueError(
+                    "tile-aligned latents need frame_size % spatial == 0 and one frame per latent"
+                )
+            if self.latent_channels <= PHASE_CHANNELS:
+                raise ValueError(f"tile-aligned latents need more than {PHASE_CHANNELS} channels")
+
+    @property
+    def margin_cells(self) -> int:
+        """Latent cells per side beyond the frame's: the tile-aligned canvas covers the frame at any
+        sub-tile offset (one cell) and keeps the grid even for 2x2 patches (one more)."""
+        return 2 if self.frame_size else 0
+
+    @property
+    def cell_channels(self) -> int:
+        """Channels of the encoder's cells (all but the phase channels in tile-aligned mode)."""
+        return self.latent_channels - (PHASE_CHANNELS if self.frame_size else 0)
 
     @property
     def layout(self) -> FrameLayout:
@@ -176,6 +208,110 @@ class Decoder(nn.Module):
         return self.conv_out(F.silu(x))
 
 
+class CellEncoder(nn.Module):
+    """Tile-aligned mode: canvas (N, 4, S, S) -> features (N, width, S/s, S/s), each cell from its
+    own s x s pixels only (a patchify conv, then per-cell layers), so equal cells encode equally
+    wherever they are: a scroll by whole tiles is a copy of cells."""
+
+    def __init__(self, s: int, width: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(4, width, s, stride=s), nn.SiLU(), nn.Conv2d(width, width, 1), nn.SiLU()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class CellDecoder(nn.Module):
+    """Tile-aligned mode: cells (N, C, h, w) -> canvas (N, 3, h s, w s), each cell's pixels from
+    that cell alone (per-cell layers, then pixel shuffle): copied cells draw copied pixels."""
+
+    def __init__(self, channels: int, s: int, width: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(channels, width, 1),
+            nn.SiLU(),
+            nn.Conv2d(width, width, 1),
+            nn.SiLU(),
+            nn.Conv2d(width, width, 1),
+            nn.SiLU(),
+            nn.Conv2d(width, 3 * s * s, 1),
+            nn.PixelShuffle(s),
+        )
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net(z)
+
+
+class PhaseNet(nn.Module):
+    """Frames (N, 3, H, W) in [-1, 1] -> logits (N, 2, s) of the tile grid's phase along x and y.
+
+    Small convs score every pixel as lying just after a vertical (x) or horizontal (y) tile edge;
+    the scores are pooled by pixel coordinate modulo the tile side s, so logit k says "edges at
+    columns (rows) k, k + s, ...". A frame at sub-tile offset o has its edges at (s - o) mod s.
+    """
+
+    def __init__(self, s: int, width: int = 16) -> None:
+        super().__init__()
+        self.s = s
+        self.net = nn.Sequential(
+            nn.Conv2d(3, width, 3, padding=1),
+            nn.SiLU(),
+            nn.Conv2d(width, width, 3, padding=1),
+            nn.SiLU(),
+            nn.Conv2d(width, 2, 1),
+        )
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        e = self.net(frames)  # (N, 2, H, W)
+        n, _, h, w = e.shape
+        s = self.s
+        lx = e[:, 0].reshape(n, h, w // s, s).sum(dim=(1, 2))  # (N, s) by column mod s
+        ly = e[:, 1].reshape(n, h // s, s, w).sum(dim=(1, 3))  # (N, s) by row mod s
+        return torch.stack([lx, ly], dim=1)
+
+    def offsets(self, frames: torch.Tensor) -> torch.Tensor:
+        """(N, 2) long: each frame's sub-tile offset (x, y) in [0, s)."""
+        return (self.s - self(frames).argmax(dim=-1)) % self.s
+
+
+def phase_channels(offsets: torch.Tensor, s: int, hw: tuple[int, int]) -> torch.Tensor:
+    """Offsets (N, 2) -> the raw phase channels (N, 4, h, w): cos, sin of 2 pi o / s for x, y."""
+    ang = offsets.to(torch.float32) * (2 * math.pi / s)
+    vals = torch.stack([ang[:, 0].cos(), ang[:, 0].sin(), ang[:, 1].cos(), ang[:, 1].sin()], dim=1)
+    return vals[:, :, None, None].expand(-1, -1, *hw)
+
+
+def read_phase(channels: torch.Tensor, s: int) -> torch.Tensor:
+    """Raw phase channels (N, 4, h, w) -> offsets (N, 2) long: the nearest of the s phases to the
+    angle of each axis' mean (cos, sin) over the cells (a generated latent's are never exact)."""
+    m = channels.float().mean(dim=(2, 3))  # (N, 4)
+    ang = torch.atan2(m[:, 1::2], m[:, 0::2])  # (N, 2)
+    return torch.round(ang * (s / (2 * math.pi))).long() % s
+
+
+def place(frames: torch.Tensor, offsets: torch.Tensor, canvas: int) -> torch.Tensor:
+    """Frames (N, 3, H, W) put on a zero canvas (N, 4, canvas, canvas) at their offsets (N, 2),
+    with a 4th channel that is 1 where the frame is."""
+    n, _, h, w = frames.shape
+    x = torch.cat([frames, frames.new_ones(n, 1, h, w)], dim=1)
+    out = frames.new_zeros(n, 4, canvas, canvas)
+    for ox, oy in offsets.unique(dim=0).tolist():
+        rows = ((offsets[:, 0] == ox) & (offsets[:, 1] == oy)).nonzero()[:, 0]
+        out[rows, :, oy : oy + h, ox : ox + w] = x[rows]
+    return out
+
+
+def crop(canvas: torch.Tensor, offsets: torch.Tensor, size: int) -> torch.Tensor:
+    """The (N, C, size, size) frames at `offsets` (N, 2) of canvases (N, C, S, S)."""
+    out = canvas.new_empty(canvas.shape[0], canvas.shape[1], size, size)
+    for ox, oy in offsets.unique(dim=0).tolist():
+        rows = ((offsets[:, 0] == ox) & (offsets[:, 1] == oy)).nonzero()[:, 0]
+        out[rows] = canvas[rows, :, oy : oy + size, ox : ox + size]
+    return out
+
+
 # --- the autoencoder -----------------------------------------------------------------------------
 
 
@@ -190,9 +326,13 @@ class FastAutoencoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         c, t = cfg.latent_channels, cfg.temporal
-        self.encoder = Encoder(cfg)
-        self.quant = nn.Conv2d(t * cfg.enc_channels[-1], c, 1)
-        self.decoder = Decoder(cfg)
+        tiled = bool(cfg.frame_size)
+        self.encoder = CellEncoder(cfg.spatial, cfg.enc_channels[-1]) if tiled else Encoder(cfg)
+        self.quant = nn.Conv2d(t * cfg.enc_channels[-1], cfg.cell_channels, 1)
+        self.decoder = (
+            CellDecoder(cfg.cell_channels, cfg.spatial, cfg.dec_channels[0]) if tiled else Decoder(cfg)
+        )
+        self.phase = PhaseNet(cfg.spatial) if tiled else None
         mean = cfg.latents_mean or [0.0] * c
         std = cfg.latents_std or [1.0] * c
         self.register_buffer("latents_mean", torch.tensor(mean).view(c, 1, 1, 1))
@@ -205,9 +345,15 @@ class FastAutoencoder(nn.Module):
         self.cfg.latents_mean = [float(v) for v in mean.flatten()]
         self.cfg.latents_std = [float(v) for v in std.flatten()]
 
-    def encode_raw(self, video: torch.Tensor) -> torch.Tensor:
-        """video (B, 3, T, H, W) in [-1, 1] -> raw latents (B, C, n, h, w), n = latent frames of T."""
+    def encode_raw(self, video: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """video (B, 3, T, H, W) in [-1, 1] -> raw latents (B, C, n, h, w), n = latent frames of T.
+
+        Tile-aligned mode: `offsets` (B, T, 2) are the frames' sub-tile offsets when known (the
+        simulator's camera modulo the tile); None reads them off the frames (`PhaseNet`).
+        """
         cfg = self.cfg
+        if cfg.frame_size:
+            return self._encode_tiled(video, offsets)
         b, _, t_len, hh, ww = video.shape
         tf = cfg.temporal
         if tf > 1:
@@ -223,9 +369,39 @@ class FastAutoencoder(nn.Module):
         z = self.quant(feats).view(b, n, -1, h, w)  # (B, n, C, h, w)
         return z.transpose(1, 2)  # (B, C, n, h, w)
 
-    def encode_float(self, video: torch.Tensor) -> torch.Tensor:
-        """video (B, 3, T, H, W) in [-1, 1] -> normalised latents (B, C, n, h, w)."""
-        return (self.encode_raw(video) - self.latents_mean) / self.latents_std
+    def _encode_tiled(self, video: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
+        cfg = self.cfg
+        b, _, t_len, hh, ww = video.shape
+        if (hh, ww) != (cfg.frame_size, cfg.frame_size):
+            raise ValueError(f"frames are {hh}x{ww}; this autoencoder is for {cfg.frame_size} square")
+        frames = video.transpose(1, 2).reshape(-1, 3, hh, ww)  # (B*T, 3, H, W)
+        off = self.phase.offsets(frames) if offsets is None else offsets.reshape(-1, 2).long()
+        g = cfg.frame_size // cfg.spatial + cfg.margin_cells
+        cells = self.quant(self.encoder(place(frames, off, g * cfg.spatial)))  # (B*T, C-4, g, g)
+        z = torch.cat([cells, phase_channels(off, cfg.spatial, (g, g)).to(cells.dtype)], dim=1)
+        return z.view(b, t_len, -1, g, g).transpose(1, 2)
+
+    def canonical(self, z: torch.Tensor) -> torch.Tensor:
+        """Normalised latents (B, C, n, h, w) with their phase channels (tile-aligned mode) set
+        exactly to the phase they read as, the one the decoder crops at; other latents unchanged.
+        A generated chunk's phase is never exact; snapped, the history the model reads next
+        holds only phases it was trained on."""
+        cfg = self.cfg
+        if not cfg.frame_size:
+            return z
+        b, _, n, h, w = z.shape
+        k = cfg.cell_channels
+        std, mean = self.latents_std[k:], self.latents_mean[k:]  # (4, 1, 1, 1)
+        raw = z[:, k:] * std + mean  # (B, 4, n, h, w)
+        flat = raw.transpose(1, 2).reshape(b * n, PHASE_CHANNELS, h, w)
+        exact = phase_channels(read_phase(flat, cfg.spatial), cfg.spatial, (h, w)).to(z.dtype)
+        exact = exact.view(b, n, PHASE_CHANNELS, h, w).transpose(1, 2)
+        return torch.cat([z[:, :k], (exact - mean) / std], dim=1)
+
+    def encode_float(self, video: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """video (B, 3, T, H, W) in [-1, 1] -> normalised latents (B, C, n, h, w) (`offsets`: see
+        `encode_raw`)."""
+        return (self.encode_raw(video, offsets) - self.latents_mean) / self.latents_std
 
     def decode_raw(
         self, z: torch.Tensor, history: torch.Tensor | None = None, first: bool = True
@@ -238,6 +414,12 @@ class FastAutoencoder(nn.Module):
         cfg = self.cfg
         k, tf = cfg.temporal_kernel, cfg.temporal
         b, c, n, h, w = z.shape
+        if cfg.frame_size:
+            flat = z.transpose(1, 2).reshape(b * n, c, h, w)
+            cells = flat[:, : cfg.cell_channels]
+            canvas = self.decoder(cells)  # (B*n, 3, S, S)
+            frames = crop(canvas, read_phase(flat[:, cfg.cell_channels :], cfg.spatial), cfg.frame_size)
+            return frames.view(b, n, 3, cfg.frame_size, cfg.frame_size).transpose(1, 2)
         if k > 1:
             if history is None:
                 history = z.new_zeros(b, c, k - 1, h, w)
@@ -280,6 +462,7 @@ class FastStreamingDecoder:
         self.ae = ae.eval()
         self.layout = ae.cfg.layout
         self.spatial = ae.cfg.spatial
+        self.margin_cells = ae.cfg.margin_cells
 
     @property
     def latent_channels(self) -> int:
@@ -289,6 +472,12 @@ class FastStreamingDecoder:
     def init_cache(self) -> DecoderCache:
         """The cache of a stream that has decoded nothing yet."""
         return DecoderCache(feats=(), frames=0)
+
+    @torch.no_grad()
+    def canonical(self, latents: torch.Tensor) -> torch.Tensor:
+        """Generated latents (B, C, n, h, w) as they enter the history (`FastAutoencoder.canonical`)."""
+        p = self.ae.latents_std
+        return self.ae.canonical(latents.to(p.device, p.dtype)).to(latents.dtype)
 
     @torch.no_grad()
     def decode_float(self, latents: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:

@@ -251,6 +251,7 @@ class TAEHVDecoder:
         self.model = model.eval()
         self.layout = model.cfg.layout
         self.spatial = model.cfg.spatial
+        self.margin_cells = 0
 
     @property
     def latent_channels(self) -> int:

@@ -45,10 +45,15 @@ class DecoderCache:
 
 
 class StreamingDecoder(Protocol):
-    """What a world needs from its autoencoder (Wan's VAE, or a lighter decoder of the same shape)."""
+    """What a world needs from its autoencoder (Wan's VAE, or a lighter decoder of the same shape).
+
+    Optional: `canonical(latents) -> latents`, applied by `World.context` to every generated
+    chunk before it becomes history (the fast decoder's tile-aligned phases are snapped there).
+    """
 
     layout: FrameLayout  # how latent frames expand into video frames
     spatial: int  # pixels per latent cell along each axis
+    margin_cells: int  # latent cells per side beyond the frame's (a tile-aligned canvas); mostly 0
 
     @property
     def latent_channels(self) -> int: ...
@@ -82,6 +87,7 @@ class WanStreamingVAE:
         self.std = torch.tensor(std, dtype=p.dtype, device=p.device).view(1, z, 1, 1, 1)
         self.n_convs = sum(isinstance(m, WanCausalConv3d) for m in vae.decoder.modules())
         self.spatial = cfg.scale_factor_spatial
+        self.margin_cells = 0
         self.layout = FrameLayout(frames_per_latent=cfg.scale_factor_temporal, first_is_single=True)
 
     @property

@@ -162,6 +162,9 @@ class World:
         self.buckets: tuple[int, ...] | None = None  # compiled batch sizes; None: eager, any size
         self._denoise_fn = self._eager_denoise
         self._context_fn = self._eager_context
+        # Decoders whose latents have a discrete part (tile-aligned phases) snap generated chunks
+        # before they become history.
+        self._canonical = getattr(decoder, "canonical", None)
         tcfg = transformer.cfg
         if decoder.latent_channels != tcfg.out_channels:
             raise ValueError(
@@ -173,8 +176,8 @@ class World:
             raise ValueError("frame size must be a multiple of the decoder's spatial factor")
         self.latent_shape = (
             tcfg.out_channels,
-            config.height // decoder.spatial,
-            config.width // decoder.spatial,
+            config.height // decoder.spatial + decoder.margin_cells,
+            config.width // decoder.spatial + decoder.margin_cells,
         )
         self.tokens_per_frame = transformer.tokens_per_frame(*self.latent_shape[1:])
         if tcfg.action is not None and tcfg.action.frames_per_latent != decoder.layout.frames_per_latent:
@@ -484,6 +487,8 @@ class World:
     ) -> None:
         """The clean pass: leaves the chunk's K/V in each entry's scratch slots."""
         sigma = self.config.context_noise
+        if self._canonical is not None:
+            x0 = self._canonical(x0)
         x = x0 if sigma == 0 or noise is None else add_noise(x0, noise, sigma)
         tt = torch.full((x0.shape[0],), sigma * self.config.schedule.num_train, device=self.device)
         self._context_fn(x, tt, index, self._actions(actions))

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from models.causal_wan import ActionConfig, CausalWanConfig
-from models.fast_decoder import FastAEConfig
+from models.fast_decoder import PHASE_CHANNELS, FastAEConfig
 from models.game import FPS, KEYS, Game, GameConfig
 from models.sampler import FlowSchedule
 from models.world import WorldConfig
@@ -29,29 +29,37 @@ SIZE = 64  # frame height and width, pixels (the game's default)
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 
 
-def ae_config() -> FastAEConfig:
-    """Per-frame latents: 8x spatial, 8 channels (a 64x64 frame -> 8x8x8), no temporal mixing."""
+def ae_config(tiled: bool = False) -> FastAEConfig:
+    """Per-frame latents: 8x spatial, 8 channels (a 64x64 frame -> 8x8x8), no temporal mixing.
+
+    `tiled`: tile-aligned latents instead (`FastAEConfig.frame_size`): 8 cell channels on the
+    game's 8-px tile grid, 10x10 cells (the frame at any sub-tile offset, kept even for the DiT's
+    2x2 patches) plus 4 phase channels -> 12x10x10; every cell encoded and drawn from its own pixels.
+    """
     return FastAEConfig(
-        latent_channels=8,
+        latent_channels=8 + (PHASE_CHANNELS if tiled else 0),
+        frame_size=SIZE if tiled else 0,
         spatial=8,
         temporal=1,
         first_is_single=False,
         temporal_kernel=1,
-        enc_channels=(16, 32, 64, 96),
-        dec_channels=(128, 64, 32, 16),
+        # Tile-aligned latents use only the last encoder and first decoder width (per-cell layers).
+        enc_channels=(16, 32, 64, 256 if tiled else 96),
+        dec_channels=(256 if tiled else 128, 64, 32, 16),
         dec_mid_blocks=1,
         dec_up_blocks=(1, 1, 0),
     )
 
 
-def dit_config() -> CausalWanConfig:
-    """A 6-layer, 128-wide causal Wan; 4x4 tokens per latent frame; chunks of 4 frames."""
+def dit_config(latent_channels: int = 8) -> CausalWanConfig:
+    """A 6-layer, 128-wide causal Wan; 4x4 tokens per latent frame (5x5 on tile-aligned
+    latents); chunks of 4 frames."""
     return CausalWanConfig(
         patch_size=(1, 2, 2),
         num_attention_heads=4,
         attention_head_dim=32,
-        in_channels=8,
-        out_channels=8,
+        in_channels=latent_channels,
+        out_channels=latent_channels,
         text_dim=16,  # no prompts: sessions use the null text (one zero token)
         freq_dim=64,
         ffn_dim=512,

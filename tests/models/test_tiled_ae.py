@@ -1,0 +1,208 @@
+"""Tile-aligned latents (`FastAEConfig.frame_size`): a frame is encoded on a canvas aligned to its
+tile grid plus its sub-tile phase; the decoder draws the canvas and crops the frame at the phase
+the latents carry."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from models.fast_decoder import (
+    PHASE_CHANNELS,
+    FastAEConfig,
+    FastAutoencoder,
+    FastStreamingDecoder,
+    PhaseNet,
+    crop,
+    phase_channels,
+    place,
+    read_phase,
+)
+from models.game import Game, GameConfig
+
+TILED = dict(
+    latent_channels=4 + PHASE_CHANNELS,
+    spatial=8,
+    frame_size=32,
+    enc_channels=(4, 8, 8, 8),
+    dec_channels=(8, 8, 8, 4),
+    dec_up_blocks=(1, 0, 0),
+)
+ALL = torch.tensor(list(itertools.product(range(8), range(8))))  # every (x, y) offset
+
+
+def make() -> FastAutoencoder:
+    torch.manual_seed(0)
+    ae = FastAutoencoder(FastAEConfig(**TILED))
+    for p in ae.parameters():  # zero-initialised residual convs would hide mistakes
+        p.data.normal_(0, 0.2)
+    return ae.eval()
+
+
+def test_phase_channels_round_trip_for_every_offset_and_survive_noise():
+    ch = phase_channels(ALL, 8, (6, 6))
+    assert ch.shape == (64, 4, 6, 6)
+    assert torch.equal(read_phase(ch, 8), ALL)
+    # A generated latent's phase is never exact: noise of 0.3 per cell still reads back.
+    noisy = ch + 0.3 * torch.randn(ch.shape, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(read_phase(noisy, 8), ALL)
+
+
+def test_place_then_crop_returns_the_frame_with_a_visibility_channel():
+    frames = torch.randn(64, 3, 32, 32)
+    canvas = place(frames, ALL, 48)
+    assert canvas.shape == (64, 4, 48, 48)
+    assert torch.equal(crop(canvas[:, :3], ALL, 32), frames)
+    assert torch.equal(canvas[:, 3].sum(dim=(1, 2)), torch.full((64,), 32.0 * 32))
+    ox, oy = ALL[10].tolist()
+    assert canvas[10, 3, oy, ox] == 1 and canvas[10, 3, oy + 32, ox + 32] == 0
+    assert canvas[10, :3, :oy].abs().sum() == 0 and canvas[10, :3, :, :ox].abs().sum() == 0
+
+
+@torch.no_grad()
+def test_encode_carries_the_given_phase_and_decode_crops_the_canvas_there():
+    ae = make()
+    video = torch.rand(2, 3, 5, 32, 32) * 2 - 1
+    offsets = torch.randint(0, 8, (2, 5, 2), generator=torch.Generator().manual_seed(1))
+    z = ae.encode_raw(video, offsets)
+    assert z.shape == (2, 8, 5, 6, 6)  # 32 px = 4 cells, plus the margin of 2
+    flat = z.transpose(1, 2).reshape(10, 8, 6, 6)
+    assert torch.equal(read_phase(flat[:, 4:], 8), offsets.reshape(10, 2))
+    out = ae.decode_raw(z)
+    canvas = ae.decoder(flat[:, :4])  # (10, 3, 48, 48)
+    want = crop(canvas, offsets.reshape(10, 2), 32).view(2, 5, 3, 32, 32).transpose(1, 2)
+    assert torch.equal(out, want)
+    # The same cells at another phase decode to another window of the same canvas.
+    moved = z.clone()
+    moved[:, 4:] = phase_channels(torch.tensor([[3, 5]]), 8, (6, 6))[:, :, None]
+    assert torch.equal(ae.decode_raw(moved)[0, :, 0], canvas[0, :, 5:37, 3:35])
+
+
+@torch.no_grad()
+def test_without_offsets_the_encoder_reads_the_phase_off_the_frame():
+    ae = make()
+    video = torch.rand(1, 3, 3, 32, 32) * 2 - 1
+    with torch.no_grad():
+        read = ae.phase.offsets(video[0].transpose(0, 1))
+    z = ae.encode_raw(video)
+    assert torch.equal(z, ae.encode_raw(video, read[None]))
+
+
+def test_phase_net_pools_edge_scores_by_pixel_modulo_the_tile():
+    class Edges(
+        nn.Module
+    ):  # stands in for the learned convs: vertical edges at x = 3 mod 8, horizontal at y = 6 mod 8
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            n, _, h, w = x.shape
+            e = torch.zeros(n, 2, h, w)
+            e[:, 0, :, 3::8] = 1.0
+            e[:, 1, 6::8, :] = 1.0
+            return e
+
+    net = PhaseNet(8)
+    net.net = Edges()
+    assert net.offsets(torch.zeros(2, 3, 32, 32)).tolist() == [[5, 2], [5, 2]]  # edges at -o mod 8
+
+
+def test_the_game_draws_tile_edges_where_its_camera_puts_them():
+    """What the phase labels rely on: at camera x, the game's tile edges lie at columns -x mod 8."""
+    game = Game(GameConfig(size=64))
+    game.reset(1_000_003)
+    cx, cy = (int(v) for v in game.camera)
+    frame = game.terrain().astype(int)
+    cols = np.flatnonzero(np.abs(np.diff(frame, axis=1)).sum(axis=(0, 2))) + 1  # first column of a new tile
+    rows = np.flatnonzero(np.abs(np.diff(frame, axis=0)).sum(axis=(1, 2))) + 1
+    assert len(cols) and len(rows)
+    assert set((cols % 8).tolist()) == {(-cx) % 8} and set((rows % 8).tolist()) == {(-cy) % 8}
+
+
+def test_streaming_decoder_and_world_use_the_canvas_grid():
+    from models.causal_wan import CausalWan
+    from models.tiny_world import dit_config, world_config
+    from models.world import World
+
+    dec = FastStreamingDecoder(make())
+    assert dec.margin_cells == 2 and dec.latent_channels == 8
+    frames = (np.random.default_rng(0).random((3, 32, 32, 3)) * 255).astype(np.uint8)
+    z = dec.encode(frames)
+    assert z.shape == (8, 3, 6, 6)
+    out, _ = dec.decode(z, dec.init_cache())
+    assert out.shape == (3, 32, 32, 3)
+    cfg = world_config()
+    cfg.width = cfg.height = 32
+    world = World(cfg, CausalWan(dit_config(8)), dec, start_image=None)
+    assert world.latent_shape == (8, 6, 6)
+    # The clean pass writes the history from the snapped chunk.
+    seen = []
+    world._context_fn = lambda x, *rest: seen.append(x)
+    noisy = z[None] + 0.2 * torch.randn(1, *z.shape, generator=torch.Generator().manual_seed(0))
+    world.context(noisy, index=None, actions=None)
+    assert torch.equal(seen[0], dec.canonical(noisy)) and not torch.equal(seen[0], noisy)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="frame_size"):
+        FastAEConfig(**{**TILED, "frame_size": 30})
+    with pytest.raises(ValueError, match="more than"):
+        FastAEConfig(**{**TILED, "latent_channels": 4})
+    plain = FastAEConfig(latent_channels=4)
+    assert plain.margin_cells == 0 and plain.cell_channels == 4
+    assert FastAEConfig.from_dict(FastAEConfig(**TILED).to_dict()) == FastAEConfig(**TILED)
+
+
+@torch.no_grad()
+def test_a_scroll_by_one_tile_is_a_copy_of_cells():
+    """The point of the layout: the game's view moved by one tile (8 px) encodes to the same cells,
+    moved by one, wherever a cell was fully in view in both frames; drawn back, they give the same
+    pixels moved by 8."""
+    torch.manual_seed(0)
+    ae = FastAutoencoder(FastAEConfig(**{**TILED, "frame_size": 64, "enc_channels": (4, 8, 8, 32)})).eval()
+    for p in ae.parameters():
+        p.data.normal_(0, 0.2)
+    game = Game(GameConfig(size=64))
+    game.reset(1_000_003)
+    x, y = (float(v) for v in game._player[0])
+    views, cams = [], []
+    for dx in (0.0, 8.0):
+        game.place_player(x + 13 + dx, y)  # away from the clamped world edge
+        views.append(torch.from_numpy(game.terrain()).float().div(127.5).sub(1.0))
+        cams.append([int(v) % 8 for v in game.camera])
+    assert cams[0] == cams[1] and cams[0][0] != 0  # same phase; a cell straddles the edge
+    video = torch.stack(views).permute(3, 0, 1, 2)[None]  # (1, 3, 2, 64, 64)
+    z = ae.encode_raw(video, torch.tensor([cams]))[0]  # (C, 2, 10, 10)
+    first, moved = z[:, 0, 1:8, 2:8], z[:, 1, 1:8, 1:7]  # cells 1..7 are whole in view
+    assert first.std() > 0
+    torch.testing.assert_close(moved, first, rtol=0, atol=1e-5)
+    frames = ae.decode_raw(z[None])[0]  # (3, 2, 64, 64)
+    ox, oy = cams[0]
+    rows = slice(8 - oy, 64 - oy)  # cells 1..7 down
+    # Cells 1..6 across of the moved view (whole in both) are cells 2..7 of the first.
+    moved_cols, first_cols = slice(8 - ox, 56 - ox), slice(16 - ox, 64 - ox)
+    torch.testing.assert_close(
+        frames[:, 1, rows, moved_cols], frames[:, 0, rows, first_cols], rtol=0, atol=1e-5
+    )
+
+
+@torch.no_grad()
+def test_canonical_snaps_the_phase_and_keeps_the_cells_and_the_frames():
+    ae = make()
+    ae.set_normalisation(torch.linspace(-0.5, 0.5, 8), torch.linspace(0.5, 2.0, 8))
+    z = ae.encode_float(torch.rand(2, 3, 3, 32, 32) * 2 - 1, torch.randint(0, 8, (2, 3, 2)))
+    noisy = z + 0.2 * torch.randn(z.shape, generator=torch.Generator().manual_seed(3))
+    snapped = ae.canonical(noisy)
+    assert torch.equal(snapped[:, :4], noisy[:, :4])
+    assert not torch.allclose(snapped[:, 4:], noisy[:, 4:])
+    torch.testing.assert_close(snapped[:, 4:], z[:, 4:], rtol=0, atol=1e-5)  # the phase it read
+    assert torch.equal(ae.decode_float(snapped), ae.decode_float(noisy))  # the same frames
+    plain = FastAutoencoder(
+        FastAEConfig(
+            latent_channels=4,
+            **{k: v for k, v in TILED.items() if k not in ("latent_channels", "frame_size")},
+        )
+    )
+    x = torch.randn(1, 4, 2, 4, 4)
+    assert plain.canonical(x) is x
