@@ -26,15 +26,20 @@ Configs: the tiny world uses per-frame latents (temporal 1, kernel 1: no cache t
 8x spatial, 4x temporal, first latent frame -> one video frame, kernel 2).
 
 Tile-aligned mode (`frame_size` > 0, for worlds drawn on a grid of `spatial`-px tiles, like the
-built-in game): a frame's latents are the cells of a canvas aligned to the tile grid, plus the
-frame's sub-tile offset on that canvas in 4 channels (cos, sin of x and y phase, the same in every
-cell). The encoder places the frame on the canvas at its offset (given when known, else read off
-the tile edges by `PhaseNet`) and encodes every cell from its own pixels (`CellEncoder`); the
-decoder draws every cell from its own latents (`CellDecoder`) and crops the frame at the offset.
-The encoder and decoder widths are `enc_channels[-1]` and `dec_channels[0]`.
-A camera scroll of a pixel is then a change of phase, and a whole tile a copy of cells, rather
-than a re-synthesis of every cell's sub-tile content (issue 11: in the plain latent even a
-dedicated scroll map compounds its error after one tile).
+built-in game; s = spatial): a frame's latents are cells of a canvas on the tile grid, every cell
+encoded from its own pixels alone (`CellEncoder`) and drawn alone (`CellDecoder`), plus where the
+frame lies on that canvas, its phase p, in 4 channels (cos, sin of 2 pi p / 2s for x and y, the same
+in every cell). The canvas is anchored at a tile corner and reaches two cells past the frame on
+every side; the frame sits at 2s + p with p in [-s/2, 3s/2).
+
+Why (issue 11): with per-cell codes a scroll never re-synthesises a tile, and within one anchor
+it is only a change of phase. The one discrete event, the view entering the next tile, is kept
+out of the model's hands: a generated chunk is drawn on the anchor of the history frame before
+it (so it only copies cells and moves the phase, up to half a tile either way), and
+`canonical` re-anchors it, by shifting whole cells, on its own last frame before it becomes
+history. An encoded frame (`encode`) is on its own anchor, p = its sub-tile offset in [0, s),
+given when known or read off the tile edges (`PhaseNet`). `encode_wide` and `at_anchor` give the
+trainer a frame on a neighbouring anchor, as the model sees it in a chunk.
 """
 
 from __future__ import annotations
@@ -95,9 +100,14 @@ class FastAEConfig:
 
     @property
     def margin_cells(self) -> int:
-        """Latent cells per side beyond the frame's: the tile-aligned canvas covers the frame at any
-        sub-tile offset (one cell) and keeps the grid even for 2x2 patches (one more)."""
-        return 2 if self.frame_size else 0
+        """Latent cells per axis beyond the frame's: the tile-aligned canvas reaches two cells past
+        the frame on each side (phases in [-s/2, 3s/2), plus an even grid for 2x2 patches)."""
+        return 4 if self.frame_size else 0
+
+    @property
+    def canvas_cells(self) -> int:
+        """Cells per side of the tile-aligned canvas (0 for plain latents)."""
+        return self.frame_size // self.spatial + self.margin_cells if self.frame_size else 0
 
     @property
     def cell_channels(self) -> int:
@@ -276,39 +286,55 @@ class PhaseNet(nn.Module):
         return (self.s - self(frames).argmax(dim=-1)) % self.s
 
 
-def phase_channels(offsets: torch.Tensor, s: int, hw: tuple[int, int]) -> torch.Tensor:
-    """Offsets (N, 2) -> the raw phase channels (N, 4, h, w): cos, sin of 2 pi o / s for x, y."""
-    ang = offsets.to(torch.float32) * (2 * math.pi / s)
+def phase_channels(phase: torch.Tensor, s: int, hw: tuple[int, int]) -> torch.Tensor:
+    """Phases (N, 2) in [-s/2, 3s/2) -> the raw phase channels (N, 4, h, w): cos, sin of
+    2 pi p / 2s for x, then y."""
+    ang = phase.to(torch.float32) * (math.pi / s)
     vals = torch.stack([ang[:, 0].cos(), ang[:, 0].sin(), ang[:, 1].cos(), ang[:, 1].sin()], dim=1)
     return vals[:, :, None, None].expand(-1, -1, *hw)
 
 
 def read_phase(channels: torch.Tensor, s: int) -> torch.Tensor:
-    """Raw phase channels (N, 4, h, w) -> offsets (N, 2) long: the nearest of the s phases to the
-    angle of each axis' mean (cos, sin) over the cells (a generated latent's are never exact)."""
+    """Raw phase channels (N, 4, h, w) -> phases (N, 2) long in [-s/2, 3s/2): the nearest of the
+    2s phases to the angle of each axis' mean (cos, sin) over the cells (a generated latent's are
+    never exact)."""
     m = channels.float().mean(dim=(2, 3))  # (N, 4)
     ang = torch.atan2(m[:, 1::2], m[:, 0::2])  # (N, 2)
-    return torch.round(ang * (s / (2 * math.pi))).long() % s
+    p = torch.round(ang * (s / math.pi)).long() % (2 * s)
+    return torch.where(p >= 3 * s // 2, p - 2 * s, p)
 
 
-def place(frames: torch.Tensor, offsets: torch.Tensor, canvas: int) -> torch.Tensor:
-    """Frames (N, 3, H, W) put on a zero canvas (N, 4, canvas, canvas) at their offsets (N, 2),
-    with a 4th channel that is 1 where the frame is."""
+def place(frames: torch.Tensor, pos: torch.Tensor, canvas: int) -> torch.Tensor:
+    """Frames (N, 3, H, W) put on a zero canvas (N, 4, canvas, canvas) with their top-left
+    corners at `pos` (N, 2) (x, y), with a 4th channel that is 1 where the frame is."""
     n, _, h, w = frames.shape
     x = torch.cat([frames, frames.new_ones(n, 1, h, w)], dim=1)
     out = frames.new_zeros(n, 4, canvas, canvas)
-    for ox, oy in offsets.unique(dim=0).tolist():
-        rows = ((offsets[:, 0] == ox) & (offsets[:, 1] == oy)).nonzero()[:, 0]
-        out[rows, :, oy : oy + h, ox : ox + w] = x[rows]
+    for px, py in pos.unique(dim=0).tolist():
+        rows = ((pos[:, 0] == px) & (pos[:, 1] == py)).nonzero()[:, 0]
+        out[rows, :, py : py + h, px : px + w] = x[rows]
     return out
 
 
-def crop(canvas: torch.Tensor, offsets: torch.Tensor, size: int) -> torch.Tensor:
-    """The (N, C, size, size) frames at `offsets` (N, 2) of canvases (N, C, S, S)."""
+def crop(canvas: torch.Tensor, pos: torch.Tensor, size: int) -> torch.Tensor:
+    """The (N, C, size, size) windows of canvases (N, C, S, S) whose top-left corners are `pos`
+    (N, 2) (x, y)."""
     out = canvas.new_empty(canvas.shape[0], canvas.shape[1], size, size)
-    for ox, oy in offsets.unique(dim=0).tolist():
-        rows = ((offsets[:, 0] == ox) & (offsets[:, 1] == oy)).nonzero()[:, 0]
-        out[rows] = canvas[rows, :, oy : oy + size, ox : ox + size]
+    for px, py in pos.unique(dim=0).tolist():
+        rows = ((pos[:, 0] == px) & (pos[:, 1] == py)).nonzero()[:, 0]
+        out[rows] = canvas[rows, :, py : py + size, px : px + size]
+    return out
+
+
+def shift_cells(cells: torch.Tensor, d: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """Cells (N, C, h, w) of canvases moved by d (N, 2) (x, y) cells in {-1, 0, 1} (the anchor
+    moves d tiles, so cell i becomes cell i - d); vacated cells take `fill` (C, 1, 1)."""
+    out = fill.expand_as(cells).clone()
+    h, w = cells.shape[-2:]
+    for dx, dy in d.unique(dim=0).tolist():
+        rows = ((d[:, 0] == dx) & (d[:, 1] == dy)).nonzero()[:, 0]
+        src = cells[rows, :, max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)]
+        out[rows, :, max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)] = src
     return out
 
 
@@ -372,31 +398,66 @@ class FastAutoencoder(nn.Module):
     def _encode_tiled(self, video: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
         cfg = self.cfg
         b, _, t_len, hh, ww = video.shape
-        if (hh, ww) != (cfg.frame_size, cfg.frame_size):
-            raise ValueError(f"frames are {hh}x{ww}; this autoencoder is for {cfg.frame_size} square")
         frames = video.transpose(1, 2).reshape(-1, 3, hh, ww)  # (B*T, 3, H, W)
         off = self.phase.offsets(frames) if offsets is None else offsets.reshape(-1, 2).long()
-        g = cfg.frame_size // cfg.spatial + cfg.margin_cells
-        cells = self.quant(self.encoder(place(frames, off, g * cfg.spatial)))  # (B*T, C-4, g, g)
-        z = torch.cat([cells, phase_channels(off, cfg.spatial, (g, g)).to(cells.dtype)], dim=1)
+        g, s = cfg.canvas_cells, cfg.spatial
+        cells = self._cells(frames, off + 2 * s, g)
+        z = torch.cat([cells, phase_channels(off, s, (g, g)).to(cells.dtype)], dim=1)
         return z.view(b, t_len, -1, g, g).transpose(1, 2)
 
+    def _cells(self, frames: torch.Tensor, pos: torch.Tensor, g: int) -> torch.Tensor:
+        cfg = self.cfg
+        if (frames.shape[-2], frames.shape[-1]) != (cfg.frame_size, cfg.frame_size):
+            raise ValueError(
+                f"frames are {tuple(frames.shape[-2:])}; this autoencoder is for {cfg.frame_size} square"
+            )
+        return self.quant(self.encoder(place(frames, pos, g * cfg.spatial)))
+
+    def fill_cell(self) -> torch.Tensor:
+        """Raw latents (C-4, 1, 1) of a cell no frame pixel falls in (the canvas' far margin)."""
+        s = self.cfg.spatial
+        p = self.latents_std
+        return self.quant(self.encoder(torch.zeros(1, 4, s, s, device=p.device, dtype=p.dtype)))[0]
+
+    def encode_wide(self, frames: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Frames (N, 3, H, W) in [-1, 1] at sub-tile offsets (N, 2) -> normalised cells
+        (N, C-4, g+2, g+2) of their own anchor's canvas grown by a cell on every side, from which
+        `at_anchor` cuts the frame's latents on a neighbouring anchor."""
+        cfg = self.cfg
+        cells = self._cells(frames, offsets.long() + 3 * cfg.spatial, cfg.canvas_cells + 2)
+        k = cfg.cell_channels
+        return (cells - self.latents_mean[:k, 0]) / self.latents_std[:k, 0]
+
+    def at_anchor(self, wide: torch.Tensor, offsets: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """Normalised latents (N, C, g, g) of frames (`encode_wide` cells (N, C-4, g+2, g+2), their
+        sub-tile offsets (N, 2)) drawn on the anchor d (N, 2) tiles before their own (d in
+        {-1, 0, 1}: the frame's phase is offset + d s)."""
+        cfg = self.cfg
+        g, s, k = cfg.canvas_cells, cfg.spatial, cfg.cell_channels
+        cells = crop(wide, 1 - d, g)  # a cell window, not pixels: the same cutting
+        raw = phase_channels(offsets.long() + s * d, s, (g, g)).to(wide.dtype)
+        phase = (raw - self.latents_mean[k:, 0]) / self.latents_std[k:, 0]
+        return torch.cat([cells, phase], dim=1)
+
     def canonical(self, z: torch.Tensor) -> torch.Tensor:
-        """Normalised latents (B, C, n, h, w) with their phase channels (tile-aligned mode) set
-        exactly to the phase they read as, the one the decoder crops at; other latents unchanged.
-        A generated chunk's phase is never exact; snapped, the history the model reads next
-        holds only phases it was trained on."""
+        """A generated chunk (normalised latents (B, C, n, h, w)) as it enters the history: moved
+        onto the anchor of its own last frame (whole cells shifted, the vacated far-margin cells
+        filled as `fill_cell`), phases set exactly to what they read as (the decoder crops there),
+        so it decodes to the same frames. Plain latents are returned as they are."""
         cfg = self.cfg
         if not cfg.frame_size:
             return z
         b, _, n, h, w = z.shape
-        k = cfg.cell_channels
-        std, mean = self.latents_std[k:], self.latents_mean[k:]  # (4, 1, 1, 1)
-        raw = z[:, k:] * std + mean  # (B, 4, n, h, w)
-        flat = raw.transpose(1, 2).reshape(b * n, PHASE_CHANNELS, h, w)
-        exact = phase_channels(read_phase(flat, cfg.spatial), cfg.spatial, (h, w)).to(z.dtype)
-        exact = exact.view(b, n, PHASE_CHANNELS, h, w).transpose(1, 2)
-        return torch.cat([z[:, :k], (exact - mean) / std], dim=1)
+        k, s = cfg.cell_channels, cfg.spatial
+        mean, std = self.latents_mean[:, 0], self.latents_std[:, 0]  # (C, 1, 1)
+        flat = z.transpose(1, 2).reshape(b * n, -1, h, w)
+        phase = read_phase(flat[:, k:] * std[k:] + mean[k:], s)  # (B*n, 2)
+        d = torch.div(phase.view(b, n, 2)[:, -1], s, rounding_mode="floor")  # (B, 2) tiles moved
+        d = d.repeat_interleave(n, dim=0)
+        fill = (self.fill_cell() - mean[:k]) / std[:k]
+        cells = shift_cells(flat[:, :k], d, fill)
+        exact = (phase_channels(phase - s * d, s, (h, w)).to(z.dtype) - mean[k:]) / std[k:]
+        return torch.cat([cells, exact], dim=1).view(b, n, -1, h, w).transpose(1, 2)
 
     def encode_float(self, video: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """video (B, 3, T, H, W) in [-1, 1] -> normalised latents (B, C, n, h, w) (`offsets`: see
@@ -418,7 +479,8 @@ class FastAutoencoder(nn.Module):
             flat = z.transpose(1, 2).reshape(b * n, c, h, w)
             cells = flat[:, : cfg.cell_channels]
             canvas = self.decoder(cells)  # (B*n, 3, S, S)
-            frames = crop(canvas, read_phase(flat[:, cfg.cell_channels :], cfg.spatial), cfg.frame_size)
+            pos = read_phase(flat[:, cfg.cell_channels :], cfg.spatial) + 2 * cfg.spatial
+            frames = crop(canvas, pos, cfg.frame_size)
             return frames.view(b, n, 3, cfg.frame_size, cfg.frame_size).transpose(1, 2)
         if k > 1:
             if history is None:

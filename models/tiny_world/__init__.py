@@ -32,9 +32,9 @@ WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 def ae_config(tiled: bool = False) -> FastAEConfig:
     """Per-frame latents: 8x spatial, 8 channels (a 64x64 frame -> 8x8x8), no temporal mixing.
 
-    `tiled`: tile-aligned latents instead (`FastAEConfig.frame_size`): 8 cell channels on the
-    game's 8-px tile grid, 10x10 cells (the frame at any sub-tile offset, kept even for the DiT's
-    2x2 patches) plus 4 phase channels -> 12x10x10; every cell encoded and drawn from its own pixels.
+    `tiled`: tile-aligned latents instead (`FastAEConfig.frame_size`): 8 channels per cell of the
+    game's 8-px tile grid on a canvas two cells wider than the frame on every side (12x12 cells),
+    every cell encoded and drawn from its own pixels, plus 4 phase channels -> 12x12x12.
     """
     return FastAEConfig(
         latent_channels=8 + (PHASE_CHANNELS if tiled else 0),
@@ -52,7 +52,7 @@ def ae_config(tiled: bool = False) -> FastAEConfig:
 
 
 def dit_config(latent_channels: int = 8) -> CausalWanConfig:
-    """A 6-layer, 128-wide causal Wan; 4x4 tokens per latent frame (5x5 on tile-aligned
+    """A 6-layer, 128-wide causal Wan; 4x4 tokens per latent frame (6x6 on tile-aligned
     latents); chunks of 4 frames."""
     return CausalWanConfig(
         patch_size=(1, 2, 2),

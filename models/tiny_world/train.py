@@ -148,7 +148,6 @@ class TrainConfig:
     sf_chain: float = 0.0  # weight of the chain loss (`chain_history` vs the game where the start saw)
     sf_chain_clips: int = 4  # clips per step rolled out for the chain loss
     sf_chain_depth: int = 2  # chunks of generated history the chain loss's gradient reaches through
-    sf_wrap: float = 0.0  # extra loss weight on frames whose view crossed a tile edge (`tile_crossings`)
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -402,11 +401,27 @@ def gaussian_blur(frames: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     return (cols * k[:, None, None, None, :]).sum(-1)
 
 
-def tile_crossings(cameras: torch.Tensor, tile: int) -> torch.Tensor:
-    """(B, F-1) bool: whether frame i (1..F-1) of clips with cameras (B, F, 2) (frame pixels) sees
-    the view in another tile than frame i-1 did: where tile-aligned latents shift their cells."""
-    cell = torch.div(cameras.round(), tile, rounding_mode="floor")
-    return (cell[:, 1:] != cell[:, :-1]).any(dim=-1)
+def chunk_anchors(
+    cameras: torch.Tensor, chunk: int, tile: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the frames of clips (cameras (B, F, 2), frame pixels; F = 1 + whole chunks) lie for
+    tile-aligned latents (`FastAutoencoder.canonical`): their sub-tile offsets q (B, F, 2), and how
+    many tiles past the anchor each frame's own anchor is (B, F, 2), as history (the anchor of its
+    chunk's last frame: a chunk is re-anchored there when it enters the history) and as a target
+    (the anchor of the previous chunk's last frame, where the model draws it). The start frame is
+    on its own anchor in both."""
+    cell = torch.div(cameras.round(), tile, rounding_mode="floor").long()
+    q = cameras.round().long() - cell * tile
+    f = cameras.shape[1]
+    if (f - 1) % chunk:
+        raise ValueError(f"{f} frames are not a start frame plus whole chunks of {chunk}")
+    i = torch.arange(1, f)
+    last = torch.cat([torch.zeros(1, dtype=torch.long), chunk * ((i - 1) // chunk + 1)])
+    before = torch.cat([torch.zeros(1, dtype=torch.long), chunk * ((i - 1) // chunk)])
+    d_hist, d_target = cell - cell[:, last], cell - cell[:, before]
+    if d_hist.abs().max() > 1 or d_target.abs().max() > 1:
+        raise ValueError("the view moved more than a tile within a chunk")
+    return q, d_hist, d_target
 
 
 def valid_latent_mask(valid: torch.Tensor, patch: int) -> torch.Tensor:
@@ -1002,16 +1017,41 @@ class Trainer:
     @torch.no_grad()
     def encode_frames(self, frames: torch.Tensor, cameras: np.ndarray) -> torch.Tensor:
         """One episode's frames (N+1, H, W, 3) in [-1, 1] and cameras (N+1, 2) -> normalised
-        latents (N+1, C, h, w) float16 (tile-aligned ones at the camera's phase)."""
+        latents (N+1, C, h, w) float16; tile-aligned latents: the cells around each frame's own
+        anchor (`encode_wide`, its offset from the camera) that `clip_latents` cuts clips from."""
         off = self.frame_offsets(cameras)
-        x = frames.permute(3, 0, 1, 2)[None]  # (1, 3, N+1, H, W)
-        z = self.ae.encode_float(x, None if off is None else off[None])
+        if off is not None:
+            return self.ae.encode_wide(frames.permute(0, 3, 1, 2), off).half()
+        z = self.ae.encode_float(frames.permute(3, 0, 1, 2)[None])  # from (1, 3, N+1, H, W)
         return z[0].transpose(0, 1).half()
+
+    def clip_latents(
+        self, source: torch.Tensor, cams: torch.Tensor | None, e: np.ndarray, idx: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clips of episodes `e`, frames `idx` (B, F) from `source` (`latents` or
+        `blurred_latents`) as the model's targets and as its clean history, (B, C, F, h, w) each:
+        the same latents, but for tile-aligned ones, whose targets lie on the anchor the model
+        draws them on and whose history on the one the session re-anchors them to
+        (`chunk_anchors`)."""
+        x = source[e[:, None], idx].float()  # (B, F, C, h, w)
+        if not self.ae.cfg.frame_size:
+            x = x.permute(0, 2, 1, 3, 4)
+            return x, x
+        b, f = idx.shape
+        q, d_hist, d_target = chunk_anchors(
+            cams[e[:, None], idx], self.dit.cfg.chunk_frames, self.ae.cfg.spatial
+        )
+        wide, q = x.flatten(0, 1), q.flatten(0, 1)
+        out = []
+        for d in (d_target, d_hist):
+            z = self.ae.at_anchor(wide, q, d.flatten(0, 1))
+            out.append(z.view(b, f, *z.shape[1:]).permute(0, 2, 1, 3, 4))
+        return out[0], out[1]
 
     def train_dit(self) -> bool:
         """Returns False when the time limit stopped it."""
         c, dit = self.cfg, self.dit
-        lat, acts, _, _ = self.latents()
+        lat, acts, cams, _ = self.latents()
         self.episodes = None  # the frames are no longer needed
         dcfg = dit.cfg
         mask, positions, f = teacher_forcing_layout(c.clip_chunks, dcfg.chunk_frames, dcfg.window_frames)
@@ -1022,11 +1062,11 @@ class Trainer:
             e = self.rng.integers(0, n_eps, size=c.dit_batch)
             s = self.rng.integers(0, n_frames - f + 1, size=c.dit_batch)
             idx = s[:, None] + np.arange(f)[None, :]  # (B, F)
-            x0 = lat[e[:, None], idx].float().permute(0, 2, 1, 3, 4)  # (B, C, F, h, w)
+            x0, hist = self.clip_latents(lat, cams, e, idx)  # (B, C, F, h, w) each
             a = acts[e[:, None], idx].clone()  # (B, F, width)
             a[:, 0] = 0.0  # the start frame is prefilled with an idle action when served
             a = a[:, :, None]  # (B, F, 1, width): one video frame per latent frame
-            loss, gnorm = self.flow_step(x0, x0, a, mask, positions, f, c.dit_lr, c.dit_steps, c.warmup)
+            loss, gnorm = self.flow_step(x0, hist, a, mask, positions, f, c.dit_lr, c.dit_steps, c.warmup)
             self.step += 1
             bar.update(1)
             if self.step % c.log_every == 0 or self.step == c.dit_steps:
@@ -1053,10 +1093,17 @@ class Trainer:
             raise SystemExit(f"{self.out}/latents.safetensors has no cameras; sf_mask needs a fresh encode")
         if c.sf_lead and (c.sf_mask or c.sf_target == "own"):
             raise SystemExit("sf_lead leaves no ground-truth start frame for sf_mask or sf_target 'own'")
-        if (c.sf_chain > 0 or c.sf_wrap > 0) and cams is None:
-            raise SystemExit(
-                f"{self.out}/latents.safetensors has no cameras; sf_chain, sf_wrap need a fresh encode"
-            )
+        if c.sf_chain > 0 and cams is None:
+            raise SystemExit(f"{self.out}/latents.safetensors has no cameras; sf_chain needs a fresh encode")
+        tiled_off = {
+            "sf_mask": c.sf_mask,
+            "sf_target": c.sf_target != "game",
+            "sf_onestep": c.sf_onestep > 0,
+            "sf_warp": c.sf_warp > 0,
+            "sf_chain": c.sf_chain > 0,
+        }
+        if self.ae.cfg.frame_size and any(tiled_off.values()):
+            raise SystemExit(f"tile-aligned latents do not support {[k for k, v in tiled_off.items() if v]}")
         if c.sf_target == "own" and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
         sched = world_config().schedule
@@ -1080,7 +1127,7 @@ class Trainer:
         def clips(idx: np.ndarray, e: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
             """Latents (B, C, F, h, w) and action rows (B, F, 1, width) of episode frames `idx`
             (B, F); the start frame's action is idle, as a session's first frame."""
-            x = lat[e[:, None], idx].float().permute(0, 2, 1, 3, 4)
+            x, _ = self.clip_latents(lat, cams, e, idx)
             rows = acts[e[:, None], idx].clone()
             rows[:, 0] = 0.0
             return x, rows[:, :, None]
@@ -1101,7 +1148,7 @@ class Trainer:
                 # No key in the clip: the game's frames stay the right targets whatever the model's
                 # own history drifted to, so its rollout can be corrected back toward them.
                 idle = idle_clips(a) & (torch.rand(b, generator=self.gen) < c.sf_self_idle) & ~own
-            hist, warp = self.degraded_history(x0, a, e, idx, ~(own | idle), blurred)
+            hist, warp = self.degraded_history(x0, a, e, idx, ~(own | idle), blurred, lat, cams)
             if own.any():
                 # Rolled out from the ground truth `lead` frames before the clip, then cut to it.
                 sel = own.numpy()
@@ -1153,13 +1200,6 @@ class Trainer:
                 # Ground-truth clips keep the full loss; self-rolled ones only where it is determined.
                 seen = seen_latent_mask(cams[e[:, None], idx], SIZE, SIZE // x0.shape[-1])  # (B, F, h, w)
                 weight = torch.where(own[:, None, None, None], seen, torch.ones_like(seen))[:, None, 1:]
-            if c.sf_wrap > 0:
-                # The frames where tile-aligned cells shift are 1 in 8 of the moving ones, and the
-                # shift must agree with the phase: weight them up.
-                crossed = tile_crossings(cams[e[:, None], idx], self.ae.cfg.spatial).float()
-                weight = torch.ones_like(x0[:, :1, 1:]) if weight is None else weight
-                weight = weight * (1.0 + c.sf_wrap * crossed)[:, None, :, None, None]
-                extra["crossing_frames"] = crossed.mean().item()
             if warp.any():  # slowed clips train only their last chunk
                 weight = torch.ones_like(x0[:, :1, 1:]) if weight is None else weight
                 weight[warp, :, : f - 1 - chunk] = 0.0
@@ -1226,10 +1266,13 @@ class Trainer:
         idx: np.ndarray,
         eligible: torch.Tensor,
         blurred: torch.Tensor | None,
+        lat: torch.Tensor,
+        cams: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The clean history of clips `x0` (B, C, F, h, w) (episodes `e`, frames `idx`, action rows
         `a`), degraded as the model's own rollout degrades it, for `eligible` clips only. Returns
         (history, which clips were slowed). The start frame always stays as served (sharp).
+        `lat` and `blurred` are the episodes' latents (`clip_latents` cuts the history from them).
 
         * blurred (`sf_blur` of the clips): the frames after the start from `blurred`;
         * one-step (`sf_onestep` of the clips not blurred): every chunk the model's own
@@ -1238,12 +1281,12 @@ class Trainer:
           [0, 1) (r = 0: frozen) up to their true last frame, under the same held keys, so the
           keys and not the history's apparent speed must carry the motion."""
         c, b, f = self.cfg, x0.shape[0], x0.shape[2]
-        hist = x0.clone()
+        hist = self.clip_latents(lat, cams, e, idx)[1]
         if blurred is not None:
             soft = (torch.rand(b, generator=self.gen) < c.sf_blur) & eligible
             if soft.any():
                 sel = soft.numpy()
-                hist[soft, :, 1:] = blurred[e[sel, None], idx[sel, 1:]].float().permute(0, 2, 1, 3, 4)
+                hist[soft, :, 1:] = self.clip_latents(blurred, cams, e[sel], idx[sel])[1][:, :, 1:]
         else:
             soft = torch.zeros(b, dtype=torch.bool)
         if c.sf_onestep > 0:

@@ -1,6 +1,7 @@
-"""Tile-aligned latents (`FastAEConfig.frame_size`): a frame is encoded on a canvas aligned to its
-tile grid plus its sub-tile phase; the decoder draws the canvas and crops the frame at the phase
-the latents carry."""
+"""Tile-aligned latents (`FastAEConfig.frame_size`): a frame is encoded, cell by cell, on a canvas
+anchored on its tile grid, plus its phase there; the decoder draws the canvas cell by cell and
+crops the frame at the phase the latents carry; a chunk drawn on the previous frame's anchor is
+re-anchored on its own last frame (`canonical`) before it becomes history."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from models.fast_decoder import (
     phase_channels,
     place,
     read_phase,
+    shift_cells,
 )
 from models.game import Game, GameConfig
 
@@ -32,7 +34,7 @@ TILED = dict(
     dec_channels=(8, 8, 8, 4),
     dec_up_blocks=(1, 0, 0),
 )
-ALL = torch.tensor(list(itertools.product(range(8), range(8))))  # every (x, y) offset
+ALL = torch.tensor(list(itertools.product(range(-4, 12), range(-4, 12))))  # every (x, y) phase
 
 
 def make() -> FastAutoencoder:
@@ -43,9 +45,9 @@ def make() -> FastAutoencoder:
     return ae.eval()
 
 
-def test_phase_channels_round_trip_for_every_offset_and_survive_noise():
+def test_phase_channels_round_trip_for_every_phase_and_survive_noise():
     ch = phase_channels(ALL, 8, (6, 6))
-    assert ch.shape == (64, 4, 6, 6)
+    assert ch.shape == (256, 4, 6, 6)
     assert torch.equal(read_phase(ch, 8), ALL)
     # A generated latent's phase is never exact: noise of 0.3 per cell still reads back.
     noisy = ch + 0.3 * torch.randn(ch.shape, generator=torch.Generator().manual_seed(0))
@@ -53,12 +55,13 @@ def test_phase_channels_round_trip_for_every_offset_and_survive_noise():
 
 
 def test_place_then_crop_returns_the_frame_with_a_visibility_channel():
-    frames = torch.randn(64, 3, 32, 32)
-    canvas = place(frames, ALL, 48)
-    assert canvas.shape == (64, 4, 48, 48)
-    assert torch.equal(crop(canvas[:, :3], ALL, 32), frames)
-    assert torch.equal(canvas[:, 3].sum(dim=(1, 2)), torch.full((64,), 32.0 * 32))
-    ox, oy = ALL[10].tolist()
+    pos = ALL + 4
+    frames = torch.randn(256, 3, 32, 32)
+    canvas = place(frames, pos, 48)
+    assert canvas.shape == (256, 4, 48, 48)
+    assert torch.equal(crop(canvas[:, :3], pos, 32), frames)
+    assert torch.equal(canvas[:, 3].sum(dim=(1, 2)), torch.full((256,), 32.0 * 32))
+    ox, oy = pos[10].tolist()
     assert canvas[10, 3, oy, ox] == 1 and canvas[10, 3, oy + 32, ox + 32] == 0
     assert canvas[10, :3, :oy].abs().sum() == 0 and canvas[10, :3, :, :ox].abs().sum() == 0
 
@@ -69,17 +72,17 @@ def test_encode_carries_the_given_phase_and_decode_crops_the_canvas_there():
     video = torch.rand(2, 3, 5, 32, 32) * 2 - 1
     offsets = torch.randint(0, 8, (2, 5, 2), generator=torch.Generator().manual_seed(1))
     z = ae.encode_raw(video, offsets)
-    assert z.shape == (2, 8, 5, 6, 6)  # 32 px = 4 cells, plus the margin of 2
-    flat = z.transpose(1, 2).reshape(10, 8, 6, 6)
+    assert z.shape == (2, 8, 5, 8, 8)  # 32 px = 4 cells, plus two on every side
+    flat = z.transpose(1, 2).reshape(10, 8, 8, 8)
     assert torch.equal(read_phase(flat[:, 4:], 8), offsets.reshape(10, 2))
     out = ae.decode_raw(z)
-    canvas = ae.decoder(flat[:, :4])  # (10, 3, 48, 48)
-    want = crop(canvas, offsets.reshape(10, 2), 32).view(2, 5, 3, 32, 32).transpose(1, 2)
+    canvas = ae.decoder(flat[:, :4])  # (10, 3, 64, 64)
+    want = crop(canvas, offsets.reshape(10, 2) + 16, 32).view(2, 5, 3, 32, 32).transpose(1, 2)
     assert torch.equal(out, want)
     # The same cells at another phase decode to another window of the same canvas.
     moved = z.clone()
-    moved[:, 4:] = phase_channels(torch.tensor([[3, 5]]), 8, (6, 6))[:, :, None]
-    assert torch.equal(ae.decode_raw(moved)[0, :, 0], canvas[0, :, 5:37, 3:35])
+    moved[:, 4:] = phase_channels(torch.tensor([[-3, 10]]), 8, (8, 8))[:, :, None]
+    assert torch.equal(ae.decode_raw(moved)[0, :, 0], canvas[0, :, 26:58, 13:45])
 
 
 @torch.no_grad()
@@ -126,16 +129,16 @@ def test_streaming_decoder_and_world_use_the_canvas_grid():
     from models.world import World
 
     dec = FastStreamingDecoder(make())
-    assert dec.margin_cells == 2 and dec.latent_channels == 8
+    assert dec.margin_cells == 4 and dec.latent_channels == 8
     frames = (np.random.default_rng(0).random((3, 32, 32, 3)) * 255).astype(np.uint8)
     z = dec.encode(frames)
-    assert z.shape == (8, 3, 6, 6)
+    assert z.shape == (8, 3, 8, 8)
     out, _ = dec.decode(z, dec.init_cache())
     assert out.shape == (3, 32, 32, 3)
     cfg = world_config()
     cfg.width = cfg.height = 32
     world = World(cfg, CausalWan(dit_config(8)), dec, start_image=None)
-    assert world.latent_shape == (8, 6, 6)
+    assert world.latent_shape == (8, 8, 8)
     # The clean pass writes the history from the snapped chunk.
     seen = []
     world._context_fn = lambda x, *rest: seen.append(x)
@@ -173,14 +176,14 @@ def test_a_scroll_by_one_tile_is_a_copy_of_cells():
         cams.append([int(v) % 8 for v in game.camera])
     assert cams[0] == cams[1] and cams[0][0] != 0  # same phase; a cell straddles the edge
     video = torch.stack(views).permute(3, 0, 1, 2)[None]  # (1, 3, 2, 64, 64)
-    z = ae.encode_raw(video, torch.tensor([cams]))[0]  # (C, 2, 10, 10)
-    first, moved = z[:, 0, 1:8, 2:8], z[:, 1, 1:8, 1:7]  # cells 1..7 are whole in view
+    z = ae.encode_raw(video, torch.tensor([cams]))[0]  # (C, 2, 12, 12)
+    first, moved = z[:, 0, 3:10, 4:10], z[:, 1, 3:10, 3:9]  # cells 3..9 are whole in view
     assert first.std() > 0
     torch.testing.assert_close(moved, first, rtol=0, atol=1e-5)
     frames = ae.decode_raw(z[None])[0]  # (3, 2, 64, 64)
     ox, oy = cams[0]
-    rows = slice(8 - oy, 64 - oy)  # cells 1..7 down
-    # Cells 1..6 across of the moved view (whole in both) are cells 2..7 of the first.
+    rows = slice(8 - oy, 64 - oy)  # cells 3..9 down
+    # Cells 3..8 across of the moved view (whole in both) are cells 4..9 of the first.
     moved_cols, first_cols = slice(8 - ox, 56 - ox), slice(16 - ox, 64 - ox)
     torch.testing.assert_close(
         frames[:, 1, rows, moved_cols], frames[:, 0, rows, first_cols], rtol=0, atol=1e-5
@@ -188,16 +191,43 @@ def test_a_scroll_by_one_tile_is_a_copy_of_cells():
 
 
 @torch.no_grad()
-def test_canonical_snaps_the_phase_and_keeps_the_cells_and_the_frames():
+def test_a_chunk_on_the_previous_anchor_is_re_anchored_on_its_last_frame():
+    """`canonical`: a chunk whose view ran into the next tile (phases past s) is moved onto the
+    anchor of its last frame: the cells it would have been encoded with there, the phase exact,
+    the far-margin cells it vacated filled as empty, and the same frames when decoded."""
     ae = make()
     ae.set_normalisation(torch.linspace(-0.5, 0.5, 8), torch.linspace(0.5, 2.0, 8))
-    z = ae.encode_float(torch.rand(2, 3, 3, 32, 32) * 2 - 1, torch.randint(0, 8, (2, 3, 2)))
-    noisy = z + 0.2 * torch.randn(z.shape, generator=torch.Generator().manual_seed(3))
-    snapped = ae.canonical(noisy)
-    assert torch.equal(snapped[:, :4], noisy[:, :4])
-    assert not torch.allclose(snapped[:, 4:], noisy[:, 4:])
-    torch.testing.assert_close(snapped[:, 4:], z[:, 4:], rtol=0, atol=1e-5)  # the phase it read
-    assert torch.equal(ae.decode_float(snapped), ae.decode_float(noisy))  # the same frames
+    frames = torch.rand(3, 3, 32, 32) * 2 - 1
+    off = torch.tensor([[1, 5], [2, 5], [3, 6]])
+    wide = ae.encode_wide(frames, off)
+    assert wide.shape == (3, 4, 10, 10)
+    own = ae.at_anchor(wide, off, torch.zeros(3, 2, dtype=torch.long))
+    torch.testing.assert_close(
+        own, ae.encode_float(frames.transpose(0, 1)[None], off[None])[0].transpose(0, 1)
+    )
+    # The chunk as generated on the anchor one tile to the left: phases 9..11.
+    prev = ae.at_anchor(wide, off, torch.tensor([[1, 0]] * 3))
+    assert read_phase(prev[:, 4:] * ae.latents_std[4:, 0] + ae.latents_mean[4:, 0], 8)[:, 0].tolist() == [
+        9,
+        10,
+        11,
+    ]
+    noisy = prev + 0.1 * torch.randn(prev.shape, generator=torch.Generator().manual_seed(3)) * (
+        torch.arange(8) >= 4
+    ).view(8, 1, 1)  # a generated chunk's phase is never exact
+    chunk = noisy.transpose(0, 1)[None]  # (1, C, 3, h, w)
+    out = ae.canonical(chunk)[0].transpose(0, 1)
+    torch.testing.assert_close(out[:, :, :, :7], own[:, :, :, :7], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out[:, 4:], own[:, 4:], rtol=0, atol=1e-5)
+    fill = (ae.fill_cell() - ae.latents_mean[:4, 0]) / ae.latents_std[:4, 0]
+    want = fill[:, 0, 0].view(1, 4, 1).expand(3, 4, 8)
+    torch.testing.assert_close(out[:, :4, :, 7], want, rtol=0, atol=1e-5)  # the vacated column
+    torch.testing.assert_close(
+        ae.decode_float(ae.canonical(chunk)), ae.decode_float(chunk), rtol=0, atol=1e-5
+    )
+    # A chunk already on its last frame's anchor only has its phase snapped.
+    same = ae.canonical(own.transpose(0, 1)[None])[0].transpose(0, 1)
+    torch.testing.assert_close(same, own, rtol=0, atol=1e-5)
     plain = FastAutoencoder(
         FastAEConfig(
             latent_channels=4,
@@ -206,3 +236,11 @@ def test_canonical_snaps_the_phase_and_keeps_the_cells_and_the_frames():
     )
     x = torch.randn(1, 4, 2, 4, 4)
     assert plain.canonical(x) is x
+
+
+def test_shift_cells_moves_whole_cells_and_fills_the_vacated_ones():
+    cells = torch.arange(2 * 1 * 3 * 3, dtype=torch.float32).view(2, 1, 3, 3)
+    fill = torch.full((1, 1, 1), -1.0)
+    out = shift_cells(cells, torch.tensor([[1, 0], [-1, 1]]), fill)
+    assert out[0, 0].tolist() == [[1, 2, -1], [4, 5, -1], [7, 8, -1]]
+    assert out[1, 0].tolist() == [[-1, 12, 13], [-1, 15, 16], [-1, -1, -1]]

@@ -1,6 +1,8 @@
 """The trainer with tile-aligned latents (`--ae-tiled true`): every episode frame, sharp and
-blurred, is encoded at the phase of the game's camera, the phase net is trained, and the exported
-model serves sessions through the engine on its 10x10 canvas grid."""
+blurred, is encoded around its own anchor at the camera's offset; clips are cut as the model sees
+them (targets on the anchor of the chunk before, history re-anchored on its chunk's last frame);
+the exported model serves sessions through the engine, which re-anchors each chunk as the
+trainer's rollout does."""
 
 from __future__ import annotations
 
@@ -13,61 +15,73 @@ from safetensors.torch import load_file
 
 from models.fast_decoder import read_phase
 from models.registry import load_world
+from models.tiny_world import start_image
 from models.tiny_world.data import action_rows
-from models.tiny_world.train import rollout_history, tile_crossings
+from models.tiny_world.train import TrainConfig, Trainer, chunk_anchors, rollout_history
 from models.world import Conditioning
 from tests.models.tiny_world.test_teacher_forcing import serve_random_policy
 from tests.models.tiny_world.test_train_cli import train_tiny
 
 
-def test_tile_crossings_mark_the_frames_whose_view_enters_another_tile():
-    x = torch.tensor([5.0, 6, 7, 8, 9, 8, 7, 7])  # right across the edge at 8, then back
-    cams = torch.stack([x, torch.full_like(x, 3.0)], dim=-1)[None]
-    assert tile_crossings(cams, 8)[0].tolist() == [False, False, True, False, False, True, False]
-    down = torch.tensor([[[0.0, 15.0], [0.0, 16.0]]])
-    assert tile_crossings(down, 8).tolist() == [[True]]
+def test_chunk_anchors_put_targets_on_the_chunk_before_and_history_on_its_own_last_frame():
+    x = torch.tensor([5.0, 6, 7, 8, 9, 9, 9, 8, 7])  # right across the edge at 8, then back
+    cams = torch.stack([x, torch.full_like(x, 3.0)], dim=-1)[None]  # (1, 9, 2)
+    q, d_hist, d_target = chunk_anchors(cams, 4, 8)
+    assert q[0, :, 0].tolist() == [5, 6, 7, 0, 1, 1, 1, 0, 7]
+    # History: chunk 1 (frames 1-4) on frame 4's anchor (tile 1), chunk 2 on frame 8's (tile 0).
+    assert d_hist[0, :, 0].tolist() == [0, -1, -1, 0, 0, 1, 1, 1, 0]
+    # Targets: chunk 1 on the start frame's anchor (tile 0), chunk 2 on frame 4's (tile 1).
+    assert d_target[0, :, 0].tolist() == [0, 0, 0, 1, 1, 0, 0, 0, -1]
+    assert not d_hist[..., 1].any() and not d_target[..., 1].any()
+    phase = q + 8 * d_target  # what the model draws: no wrap inside a chunk
+    assert phase[0, 1:5, 0].tolist() == [6, 7, 8, 9] and phase[0, 5:, 0].tolist() == [1, 1, 0, -1]
 
 
-def test_tiled_run_encodes_at_the_cameras_phase_and_serves(tmp_path: Path):
+def test_tiled_run_cuts_clips_on_their_anchors_and_serves(tmp_path: Path):
     out = tmp_path / "run"
-    sf = train_tiny(out, "--ae-tiled", "true", "--sf-wrap", "7")
-    assert all("crossing_frames" in r for r in sf)
+    train_tiny(out, "--ae-tiled", "true")
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert all("phase_acc" in r for r in log if r["stage"] == "ae" and "loss" in r)
-
     data = load_file(str(out / "latents.safetensors"))
-    lat, cams = data["latents"].float(), data["cameras"]
-    assert lat.shape == (2, 13, 12, 10, 10)
-    world = load_world(out / "model")
-    ae = world.decoder.ae
-    raw = lat * ae.latents_std[:, 0] + ae.latents_mean[:, 0]  # (E, F, C, h, w)
-    want = (cams.round().long() % 8).reshape(-1, 2)
-    assert torch.equal(read_phase(raw.reshape(-1, 12, 10, 10)[:, 8:], 8), want)
-    blurred = load_file(str(out / "blurred.safetensors"))["latents"].float()
-    raw_b = blurred * ae.latents_std[:, 0] + ae.latents_mean[:, 0]
-    assert torch.equal(read_phase(raw_b.reshape(-1, 12, 10, 10)[:, 8:], 8), want)
+    assert data["latents"].shape == (2, 13, 8, 14, 14)  # cells around each frame's own anchor
+    assert load_file(str(out / "blurred.safetensors"))["latents"].shape == (2, 13, 8, 14, 14)
 
-    assert world.latent_shape == (12, 10, 10)
+    world = load_world(out / "model")
+    assert world.latent_shape == (12, 12, 12)
+    trainer = Trainer(TrainConfig(ae_tiled=True), tmp_path / "t", None, progress=False)
+    trainer.ae = world.decoder.ae
+    ae = trainer.ae
+    cams = data["cameras"]
+    e, idx = np.array([0, 1]), np.array([[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]])
+    target, hist = trainer.clip_latents(data["latents"], cams, e, idx)
+    assert target.shape == hist.shape == (2, 12, 5, 12, 12)
+    q, d_hist, d_target = chunk_anchors(cams[e[:, None], idx], 4, 8)
+
+    def phases(z: torch.Tensor) -> torch.Tensor:
+        flat = z.permute(0, 2, 1, 3, 4).flatten(0, 1)
+        return read_phase(flat[:, 8:] * ae.latents_std[8:, 0] + ae.latents_mean[8:, 0], 8).view(2, 5, 2)
+
+    assert torch.equal(phases(target), q + 8 * d_target) and torch.equal(phases(hist), q + 8 * d_hist)
+    # A frame on its own anchor is what the autoencoder encodes from the game's frame.
+    frame = torch.from_numpy(start_image(0)).float().div(127.5).sub(1.0).permute(2, 0, 1)[:, None, None]
+    own = ae.encode_float(frame.transpose(0, 1), (cams[:1, :1].round().long() % 8))[0]
+    torch.testing.assert_close(hist[0, :, :1], own, rtol=0, atol=2e-3)
+
     seed, n_chunks, chunk = 1_000_321, 3, world.chunk_frames
     served, script = serve_random_policy(world, seed, n_chunks)
     assert served.shape == (1 + n_chunks * chunk, 64, 64, 3)
     assert np.ptp(served) > 0
-
-    # The session snaps every generated chunk's phase before it becomes history; the trainer's
-    # rollout does the same, and with the engine's noise it shows the session's frames.
+    # The trainer's rollout re-anchors each chunk as the session does: with the engine's noise it
+    # shows the session's frames.
     start = world.init_state(Conditioning(seed=seed)).start_latents
-    x0 = torch.zeros(1, 12, 1 + n_chunks * chunk, 10, 10)
+    x0 = torch.zeros(1, 12, 1 + n_chunks * chunk, 12, 12)
     x0[0, :, :1] = start
     actions = torch.from_numpy(action_rows(script))[None, :, None]
     noise = lambda j, k: world.noise(seed, j + 1, k, chunk)[None]  # noqa: E731
     sched, dit = world.config.schedule, world.transformer
     with torch.no_grad():
-        snapped = rollout_history(
+        lat = rollout_history(
             dit, x0, actions, sched, torch.Generator(), noise, canonical=world.decoder.canonical
         )
-        raw = rollout_history(dit, x0, actions, sched, torch.Generator(), noise)
-    mine, _ = world.decoder.decode(snapped[0], world.decoder.init_cache())
+    mine, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
     assert np.abs(mine.numpy().astype(int) - served.astype(int)).max() <= 1
-    assert not torch.allclose(
-        snapped[:, :, 1 + chunk :], raw[:, :, 1 + chunk :]
-    )  # the snap changed the history
