@@ -31,11 +31,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tiny_world_eval import EVAL_SEED_BASE, batched
-from models.game import simulate
+from models.fast_decoder import FastAutoencoder
+from models.game import GameConfig, SimResult, simulate
 from models.registry import from_name
 from models.tiny_world.data import action_rows
 from models.tiny_world.metrics import free_worlds, scroll_offset
-from models.tiny_world.train import rollout_history
+from models.tiny_world.train import anchored_clips, rollout_history
 from models.world import World
 from runtime.engine import Engine
 
@@ -47,6 +48,16 @@ def per_chunk(frames: np.ndarray, chunk: int) -> list[float]:
         float(scroll_offset(frames[a], frames[b], radius=chunk + 2, ignore=(32.0, 32.0))[0])
         for a, b in itertools.pairwise(ends)
     ]
+
+
+def game_latents(ae: FastAutoencoder, video: torch.Tensor, sim: SimResult, chunk: int) -> torch.Tensor:
+    """The game's clip (1, 3, F, H, W) encoded as a session's history: (1, C, F, h, w) (tile-aligned
+    latents: each chunk on the anchor of its last frame, `anchored_clips`)."""
+    if not ae.cfg.frame_size:
+        return ae.encode_float(video)
+    cams = torch.from_numpy(sim.player_world_pos * GameConfig().scale - sim.player_pos)[None]  # (1, F, 2)
+    wide = ae.encode_wide(video[0].transpose(0, 1), cams[0].round().long() % ae.cfg.spatial)
+    return anchored_clips(ae, wide[None], cams, chunk)[1]
 
 
 def to_frames(world: World, latents: torch.Tensor) -> np.ndarray:
@@ -118,7 +129,7 @@ def probe(name: str, worlds: list[int], chunks: int) -> dict:
     for seed in worlds:
         sim = simulate(seed, [frozenset({"d"})] * n)
         video = torch.from_numpy(sim.frames).float().permute(3, 0, 1, 2)[None] / 127.5 - 1.0
-        latents = ae.encode_float(video)
+        latents = game_latents(ae, video, sim, chunk)
         acts = torch.from_numpy(action_rows([frozenset({"d"})] * n))[None, :, None]
         row = []
         for k in range(1, chunks + 1):

@@ -424,6 +424,22 @@ def chunk_anchors(
     return q, d_hist, d_target
 
 
+def anchored_clips(
+    ae: FastAutoencoder, wide: torch.Tensor, cams: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tile-aligned clips as the model sees them, from the cells around each frame's own anchor
+    (`FastAutoencoder.encode_wide`: wide (B, F, C-4, g+2, g+2)) and the cameras (B, F, 2): as
+    targets and as clean history (B, C, F, g, g) each, on the anchors `chunk_anchors` gives."""
+    b, f = wide.shape[:2]
+    q, d_hist, d_target = chunk_anchors(cams, chunk, ae.cfg.spatial)
+    flat, q = wide.flatten(0, 1), q.flatten(0, 1)
+    out = []
+    for d in (d_target, d_hist):
+        z = ae.at_anchor(flat, q, d.flatten(0, 1))
+        out.append(z.view(b, f, *z.shape[1:]).permute(0, 2, 1, 3, 4))
+    return out[0], out[1]
+
+
 def valid_latent_mask(valid: torch.Tensor, patch: int) -> torch.Tensor:
     """(B, T, H, W) bool frame pixels -> (B, T, H/patch, W/patch) float 0/1: a latent pixel
     counts iff its whole `patch` x `patch` footprint is valid."""
@@ -1037,16 +1053,7 @@ class Trainer:
         if not self.ae.cfg.frame_size:
             x = x.permute(0, 2, 1, 3, 4)
             return x, x
-        b, f = idx.shape
-        q, d_hist, d_target = chunk_anchors(
-            cams[e[:, None], idx], self.dit.cfg.chunk_frames, self.ae.cfg.spatial
-        )
-        wide, q = x.flatten(0, 1), q.flatten(0, 1)
-        out = []
-        for d in (d_target, d_hist):
-            z = self.ae.at_anchor(wide, q, d.flatten(0, 1))
-            out.append(z.view(b, f, *z.shape[1:]).permute(0, 2, 1, 3, 4))
-        return out[0], out[1]
+        return anchored_clips(self.ae, x, cams[e[:, None], idx], self.dit.cfg.chunk_frames)
 
     def train_dit(self) -> bool:
         """Returns False when the time limit stopped it."""
