@@ -68,7 +68,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -946,15 +946,7 @@ class Trainer:
         """Episodes as the DiT stages read them: latents (E, N+1, C, h, w) float16, action rows,
         cameras and players' screen positions (E, N+1, 2)."""
         self.ae.eval()
-        out = []
-        for ep, cams in tqdm(
-            zip(eps.frames, eps.cameras, strict=True),
-            desc="encode",
-            unit="ep",
-            total=len(eps),
-            disable=not self.progress,
-        ):
-            out.append(self.encode_frames(torch.from_numpy(ep).float() / 127.5 - 1.0, cams))  # (N+1, C, h, w)
+        out = [self.encode_frames(frames, cams) for frames, cams in self.each_episode(eps, "encode")]
         return {
             "latents": torch.stack(out),
             "actions": torch.from_numpy(eps.actions),
@@ -1014,14 +1006,8 @@ class Trainer:
         c = self.cfg
         self.ae.eval()
         out = []
-        for ep, cams in tqdm(
-            zip(eps.frames, eps.cameras, strict=True),
-            desc="encode blurred",
-            unit="ep",
-            total=len(eps),
-            disable=not self.progress,
-        ):
-            frames = torch.from_numpy(ep).float().permute(0, 3, 1, 2) / 127.5 - 1.0  # (N+1, 3, H, W)
+        for frames, cams in self.each_episode(eps, "encode blurred"):
+            frames = frames.permute(0, 3, 1, 2)  # (N+1, 3, H, W)
             n = frames.shape[0]
             soft = gaussian_blur(frames, 0.5 + torch.rand(n, generator=gen) * (c.sf_blur_max - 0.5))
             if c.sf_jitter > 0:
@@ -1029,6 +1015,17 @@ class Trainer:
                 soft = (soft * gain + c.sf_jitter * torch.randn(n, 3, 1, 1, generator=gen)).clamp(-1.0, 1.0)
             out.append(self.encode_frames(soft.permute(0, 2, 3, 1), cams))
         return torch.stack(out)
+
+    def each_episode(self, eps: Episodes, desc: str) -> Iterator[tuple[torch.Tensor, np.ndarray]]:
+        """Every episode's frames (N+1, H, W, 3) in [-1, 1] and cameras (N+1, 2), with a progress bar."""
+        for ep, cams in tqdm(
+            zip(eps.frames, eps.cameras, strict=True),
+            desc=desc,
+            unit="ep",
+            total=len(eps),
+            disable=not self.progress,
+        ):
+            yield torch.from_numpy(ep).float() / 127.5 - 1.0, cams
 
     @torch.no_grad()
     def encode_frames(self, frames: torch.Tensor, cameras: np.ndarray) -> torch.Tensor:
