@@ -34,7 +34,7 @@ from benchmarks.tiny_world_eval import EVAL_SEED_BASE, batched
 from models.fast_decoder import FastAutoencoder
 from models.game import GameConfig, SimResult, simulate
 from models.registry import from_name
-from models.tiny_world.data import action_rows
+from models.tiny_world.data import action_rows, sim_cameras
 from models.tiny_world.metrics import free_worlds, scroll_offset
 from models.tiny_world.train import anchored_clips, rollout_history
 from models.world import World
@@ -55,7 +55,7 @@ def game_latents(ae: FastAutoencoder, video: torch.Tensor, sim: SimResult, chunk
     latents: each chunk on the anchor of its last frame, `anchored_clips`)."""
     if not ae.cfg.frame_size:
         return ae.encode_float(video)
-    cams = torch.from_numpy(sim.player_world_pos * GameConfig().scale - sim.player_pos)[None]  # (1, F, 2)
+    cams = torch.from_numpy(sim_cameras(sim, GameConfig()))[None]  # (1, F, 2)
     wide = ae.encode_wide(video[0].transpose(0, 1), cams[0].round().long() % ae.cfg.spatial)
     return anchored_clips(ae, wide[None], cams, chunk)[1]
 

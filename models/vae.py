@@ -48,12 +48,13 @@ class StreamingDecoder(Protocol):
     """What a world needs from its autoencoder (Wan's VAE, or a lighter decoder of the same shape).
 
     Optional: `canonical(latents) -> latents`, applied by `World.context` to every generated
-    chunk before it becomes history (the fast decoder's tile-aligned phases are snapped there).
+    chunk before it becomes history (the fast decoder's tile-aligned chunks are re-anchored and
+    their phases snapped there).
     """
 
     layout: FrameLayout  # how latent frames expand into video frames
     spatial: int  # pixels per latent cell along each axis
-    margin_cells: int  # latent cells per side beyond the frame's (a tile-aligned canvas); mostly 0
+    margin_cells: int  # latent cells per axis beyond the frame's (a tile-aligned canvas); mostly 0
 
     @property
     def latent_channels(self) -> int: ...

@@ -162,8 +162,8 @@ class World:
         self.buckets: tuple[int, ...] | None = None  # compiled batch sizes; None: eager, any size
         self._denoise_fn = self._eager_denoise
         self._context_fn = self._eager_context
-        # Decoders whose latents have a discrete part (tile-aligned phases) snap generated chunks
-        # before they become history.
+        # Decoders whose latents have a discrete part (tile-aligned anchors and phases) put
+        # generated chunks in their canonical form before they become history.
         self._canonical = getattr(decoder, "canonical", None)
         tcfg = transformer.cfg
         if decoder.latent_channels != tcfg.out_channels:

@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from models.actions import ActionSpace
-from models.game import KEYS, GameConfig, encode_actions, random_policy, simulate
+from models.game import KEYS, GameConfig, SimResult, encode_actions, random_policy, simulate
 
 # The action space of the tiny world (keys only); rows are ActionSpace.width wide.
 SPACE = ActionSpace(keys=tuple(KEYS), mouse=False, vector_dim=0)
@@ -56,6 +56,12 @@ def action_rows(actions: Sequence[Iterable[str]]) -> np.ndarray:
     return rows
 
 
+def sim_cameras(sim: SimResult, config: GameConfig) -> np.ndarray:
+    """(N+1, 2) the view's top-left corner (x, y) of every frame of a simulation, frame pixels."""
+    # The player's centre in the world and on screen pin the camera: screen = (world - cam) * scale.
+    return sim.player_world_pos * config.scale - sim.player_pos
+
+
 def make_episodes(
     seeds: Sequence[int],
     n_actions: int,
@@ -74,8 +80,7 @@ def make_episodes(
         sim = simulate(int(seed), keys, config)
         frames[i] = sim.frames
         actions[i] = action_rows(keys)
-        # The player's centre in the world and on screen pin the camera: screen = (world - cam) * scale.
-        cameras[i] = sim.player_world_pos * config.scale - sim.player_pos
+        cameras[i] = sim_cameras(sim, config)
         players[i] = sim.player_pos
     seeds_arr = np.asarray(seeds, dtype=np.int64)
     return Episodes(frames=frames, actions=actions, seeds=seeds_arr, cameras=cameras, players=players)
