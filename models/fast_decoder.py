@@ -40,6 +40,14 @@ it (so it only copies cells and moves the phase, up to half a tile either way), 
 history. An encoded frame (`encode`) is on its own anchor, p = its sub-tile offset in [0, s),
 given when known or read off the tile edges (`PhaseNet`). `encode_wide` and `at_anchor` give the
 trainer a frame on a neighbouring anchor, as the model sees it in a chunk.
+
+Sprite layer (`sprite`, tile-aligned mode only): one sprite that moves with the view, not with
+the canvas (the game's player, drawn at the view's centre), is kept out of the cells. Three more
+channels, the same in every cell, hold its centre in view pixels (relative to the frame's centre,
+/ `SPRITE_SCALE`) and a state (the game's ring), read off a frame by `SpriteNet`; after the crop
+`SpriteDecoder` draws it over the cells' view, the same drawing wherever it is. Why (issue 11):
+on the canvas the player's pixels move to other cells at every step of the phase, and a model
+that otherwise only copies cells lost it within a few frames; here it is three numbers.
 """
 
 from __future__ import annotations
@@ -57,6 +65,9 @@ from models.actions import FrameLayout
 from models.vae import DecoderCache, to_uint8
 
 PHASE_CHANNELS = 4  # tile-aligned latents: cos, sin of the x phase, then of the y phase
+SPRITE_CHANNELS = 3  # sprite mode: the sprite's centre x, y from the frame's centre, its state
+SPRITE_SCALE = 4.0  # view pixels per unit of the sprite's raw position channels
+SPRITE_REACH = 8  # view pixels from its centre within which the sprite is drawn
 
 
 @dataclass
@@ -75,6 +86,7 @@ class FastAEConfig:
     latents_mean: list[float] = field(default_factory=list)  # per channel; [] = 0 (set after training)
     latents_std: list[float] = field(default_factory=list)  # per channel; [] = 1 (set after training)
     frame_size: int = 0  # > 0: tile-aligned latents of frames this many px square (module docstring)
+    sprite: bool = False  # tile-aligned mode: one sprite drawn in view coordinates, not in cells
 
     def __post_init__(self) -> None:
         levels = int(math.log2(self.spatial))
@@ -95,8 +107,12 @@ class FastAEConfig:
                 raise ValueError(
                     "tile-aligned latents need frame_size % spatial == 0 and one frame per latent"
                 )
-            if self.latent_channels <= PHASE_CHANNELS:
-                raise ValueError(f"tile-aligned latents need more than {PHASE_CHANNELS} channels")
+            if self.cell_channels < 1:
+                raise ValueError(
+                    f"tile-aligned latents need more than {PHASE_CHANNELS + self.sprite_channels} channels"
+                )
+        elif self.sprite:
+            raise ValueError("a sprite layer needs tile-aligned latents (frame_size > 0)")
 
     @property
     def margin_cells(self) -> int:
@@ -110,9 +126,25 @@ class FastAEConfig:
         return self.frame_size // self.spatial + self.margin_cells if self.frame_size else 0
 
     @property
+    def sprite_channels(self) -> int:
+        """Channels of the sprite layer (0 without one)."""
+        return SPRITE_CHANNELS if self.sprite else 0
+
+    @property
     def cell_channels(self) -> int:
-        """Channels of the encoder's cells (all but the phase channels in tile-aligned mode)."""
-        return self.latent_channels - (PHASE_CHANNELS if self.frame_size else 0)
+        """Channels of the encoder's cells (all but the phase and sprite channels in tile-aligned
+        mode, which follow the cells in that order)."""
+        return self.latent_channels - (PHASE_CHANNELS + self.sprite_channels if self.frame_size else 0)
+
+    @property
+    def phase_slice(self) -> slice:
+        """Where the phase channels lie in a tile-aligned latent frame."""
+        return slice(self.cell_channels, self.cell_channels + PHASE_CHANNELS)
+
+    @property
+    def sprite_slice(self) -> slice:
+        """Where the sprite channels lie (empty without a sprite layer)."""
+        return slice(self.cell_channels + PHASE_CHANNELS, self.latent_channels)
 
     @property
     def layout(self) -> FrameLayout:
@@ -286,6 +318,90 @@ class PhaseNet(nn.Module):
         return (self.s - self(frames).argmax(dim=-1)) % self.s
 
 
+class SpriteNet(nn.Module):
+    """Sprite mode: frames (N, 3, H, W) in [-1, 1] -> logits (N, H*W) of where the sprite's
+    centre lies (index y W + x: the centre is pixel (x, y)'s top-left corner) and (N,) logits of
+    its state being on. Three 3x3 convs see a 7x7 window, enough to find both edges of a sprite
+    up to 6 px across; the state is pooled by a soft maximum (on anywhere in the frame; a hard
+    max passes the gradient to one pixel only, and training stalled at "never on")."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, width, 3, padding=1),
+            nn.SiLU(),
+            nn.Conv2d(width, width, 3, padding=1),
+            nn.SiLU(),
+            nn.Conv2d(width, width, 3, padding=1),
+            nn.SiLU(),
+            nn.Conv2d(width, 2, 1),
+        )
+
+    def forward(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        e = self.net(frames)  # (N, 2, H, W)
+        state = e[:, 1].flatten(1)
+        return e[:, 0].flatten(1), torch.logsumexp(state, dim=1) - math.log(state.shape[1])
+
+    def read(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, 2) long centres (x, y) in view pixels and (N,) bool states of frames' sprites."""
+        heat, state = self(frames)
+        w = frames.shape[-1]
+        i = heat.argmax(dim=1)
+        return torch.stack([i % w, i // w], dim=1), state > 0
+
+
+class SpriteDecoder(nn.Module):
+    """Sprite mode: each view pixel's colour and opacity from its offset to the sprite's centre
+    and the sprite's state (a per-pixel MLP, so the sprite looks the same wherever it is), zero
+    opacity beyond `SPRITE_REACH`."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(3, width),
+            nn.SiLU(),
+            nn.Linear(width, width),
+            nn.SiLU(),
+            nn.Linear(width, width),
+            nn.SiLU(),
+            nn.Linear(width, 4),
+        )
+
+    def forward(self, frames: torch.Tensor, centre: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """The sprite drawn over frames (N, 3, H, W) at centres (N, 2) (view pixels) in states (N,)
+        bool."""
+        n, _, h, w = frames.shape
+        px = torch.arange(w, device=frames.device, dtype=frames.dtype) + 0.5
+        py = torch.arange(h, device=frames.device, dtype=frames.dtype) + 0.5
+        du = px[None, None, :] - centre[:, None, None, 0].to(frames.dtype)  # (N, 1, W)
+        dv = py[None, :, None] - centre[:, None, None, 1].to(frames.dtype)  # (N, H, 1)
+        du, dv = du.expand(n, h, w), dv.expand(n, h, w)
+        on = state.to(frames.dtype)[:, None, None].expand(n, h, w) * 2 - 1
+        out = self.net(torch.stack([du / SPRITE_REACH, dv / SPRITE_REACH, on], dim=-1))  # (N, H, W, 4)
+        near = (du.abs() < SPRITE_REACH) & (dv.abs() < SPRITE_REACH)
+        alpha = torch.sigmoid(out[..., 0]) * near  # (N, H, W)
+        return frames + alpha[:, None] * (out[..., 1:].permute(0, 3, 1, 2) - frames)
+
+
+def sprite_channels(
+    centre: torch.Tensor, state: torch.Tensor, size: int, hw: tuple[int, int]
+) -> torch.Tensor:
+    """Sprite centres (N, 2) in view pixels of `size`-px frames and states (N,) bool -> the raw
+    sprite channels (N, 3, h, w): the centre's offset from the frame's centre / SPRITE_SCALE,
+    then +-1."""
+    pos = (centre.to(torch.float32) - size / 2) / SPRITE_SCALE
+    vals = torch.cat([pos, state.to(torch.float32)[:, None] * 2 - 1], dim=1)
+    return vals[:, :, None, None].expand(-1, -1, *hw)
+
+
+def read_sprite(channels: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw sprite channels (N, 3, h, w) -> centres (N, 2) long in view pixels, rounded from the
+    mean over the cells, and states (N,) bool (a generated latent's are never exact)."""
+    m = channels.float().mean(dim=(2, 3))  # (N, 3)
+    centre = torch.round(m[:, :2] * SPRITE_SCALE + size / 2).long().clamp(0, size)
+    return centre, m[:, 2] > 0
+
+
 def phase_channels(phase: torch.Tensor, s: int, hw: tuple[int, int]) -> torch.Tensor:
     """Phases (N, 2) in [-s/2, 3s/2) -> the raw phase channels (N, 4, h, w): cos, sin of
     2 pi p / 2s for x, then y."""
@@ -359,6 +475,8 @@ class FastAutoencoder(nn.Module):
             CellDecoder(cfg.cell_channels, cfg.spatial, cfg.dec_channels[0]) if tiled else Decoder(cfg)
         )
         self.phase = PhaseNet(cfg.spatial) if tiled else None
+        self.sprite_net = SpriteNet() if cfg.sprite else None
+        self.sprite_decoder = SpriteDecoder() if cfg.sprite else None
         mean = cfg.latents_mean or [0.0] * c
         std = cfg.latents_std or [1.0] * c
         self.register_buffer("latents_mean", torch.tensor(mean).view(c, 1, 1, 1))
@@ -371,15 +489,19 @@ class FastAutoencoder(nn.Module):
         self.cfg.latents_mean = [float(v) for v in mean.flatten()]
         self.cfg.latents_std = [float(v) for v in std.flatten()]
 
-    def encode_raw(self, video: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+    def encode_raw(
+        self, video: torch.Tensor, offsets: torch.Tensor | None = None, sprites: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """video (B, 3, T, H, W) in [-1, 1] -> raw latents (B, C, n, h, w), n = latent frames of T.
 
         Tile-aligned mode: `offsets` (B, T, 2) are the frames' sub-tile offsets when known (the
-        simulator's camera modulo the tile); None reads them off the frames (`PhaseNet`).
+        simulator's camera modulo the tile); None reads them off the frames (`PhaseNet`). With a
+        sprite layer, `sprites` (B, T, 3) are the sprites' centres (x, y) in view pixels and
+        states (0/1) when known; None reads them (`SpriteNet`).
         """
         cfg = self.cfg
         if cfg.frame_size:
-            return self._encode_tiled(video, offsets)
+            return self._encode_tiled(video, offsets, sprites)
         b, _, t_len, hh, ww = video.shape
         tf = cfg.temporal
         if tf > 1:
@@ -395,15 +517,32 @@ class FastAutoencoder(nn.Module):
         z = self.quant(feats).view(b, n, -1, h, w)  # (B, n, C, h, w)
         return z.transpose(1, 2)  # (B, C, n, h, w)
 
-    def _encode_tiled(self, video: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
+    def _encode_tiled(
+        self, video: torch.Tensor, offsets: torch.Tensor | None, sprites: torch.Tensor | None
+    ) -> torch.Tensor:
         cfg = self.cfg
         b, _, t_len, hh, ww = video.shape
         frames = video.transpose(1, 2).reshape(-1, 3, hh, ww)  # (B*T, 3, H, W)
         off = self.phase.offsets(frames) if offsets is None else offsets.reshape(-1, 2).long()
         g, s = cfg.canvas_cells, cfg.spatial
         cells = self._cells(frames, off + 2 * s, g)
-        z = torch.cat([cells, phase_channels(off, s, (g, g)).to(cells.dtype)], dim=1)
+        parts = [cells, phase_channels(off, s, (g, g)).to(cells.dtype)]
+        if cfg.sprite:
+            parts.append(self._sprite_raw(frames, sprites, (g, g)).to(cells.dtype))
+        z = torch.cat(parts, dim=1)
         return z.view(b, t_len, -1, g, g).transpose(1, 2)
+
+    def _sprite_raw(
+        self, frames: torch.Tensor, sprites: torch.Tensor | None, hw: tuple[int, int]
+    ) -> torch.Tensor:
+        """Raw sprite channels (N, 3, h, w) of frames (N, 3, H, W): from `sprites` (..., 3) when
+        given, else read off the frames."""
+        if sprites is None:
+            centre, state = self.sprite_net.read(frames)
+        else:
+            flat = sprites.reshape(-1, 3).long()
+            centre, state = flat[:, :2], flat[:, 2] > 0
+        return sprite_channels(centre, state, self.cfg.frame_size, hw)
 
     def _cells(self, frames: torch.Tensor, pos: torch.Tensor, g: int) -> torch.Tensor:
         cfg = self.cfg
@@ -414,30 +553,39 @@ class FastAutoencoder(nn.Module):
         return self.quant(self.encoder(place(frames, pos, g * cfg.spatial)))
 
     def fill_cell(self) -> torch.Tensor:
-        """Raw latents (C-4, 1, 1) of a cell no frame pixel falls in (the canvas' far margin)."""
+        """Raw cell latents (cell_channels, 1, 1) of a cell no frame pixel falls in (the canvas'
+        far margin)."""
         s = self.cfg.spatial
         p = self.latents_std
         return self.quant(self.encoder(torch.zeros(1, 4, s, s, device=p.device, dtype=p.dtype)))[0]
 
-    def encode_wide(self, frames: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def encode_wide(
+        self, frames: torch.Tensor, offsets: torch.Tensor, sprites: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Frames (N, 3, H, W) in [-1, 1] at sub-tile offsets (N, 2) -> normalised cells
-        (N, C-4, g+2, g+2) of their own anchor's canvas grown by a cell on every side, from which
-        `at_anchor` cuts the frame's latents on a neighbouring anchor."""
+        (N, C-4, g+2, g+2) of their own anchor's canvas grown by a cell on every side (the sprite
+        channels after the cells, `sprites` as in `encode_raw`), from which `at_anchor` cuts the
+        frame's latents on a neighbouring anchor."""
         cfg = self.cfg
-        cells = self._cells(frames, offsets.long() + 3 * cfg.spatial, cfg.canvas_cells + 2)
-        k = cfg.cell_channels
-        return (cells - self.latents_mean[:k, 0]) / self.latents_std[:k, 0]
+        g = cfg.canvas_cells + 2
+        cells = self._cells(frames, offsets.long() + 3 * cfg.spatial, g)
+        if cfg.sprite:
+            cells = torch.cat([cells, self._sprite_raw(frames, sprites, (g, g)).to(cells.dtype)], dim=1)
+        k, sp = cfg.cell_channels, cfg.sprite_slice
+        mean = torch.cat([self.latents_mean[:k], self.latents_mean[sp]])[:, 0]  # all but the phase's
+        std = torch.cat([self.latents_std[:k], self.latents_std[sp]])[:, 0]
+        return (cells - mean) / std
 
     def at_anchor(self, wide: torch.Tensor, offsets: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         """Normalised latents (N, C, g, g) of frames (`encode_wide` cells (N, C-4, g+2, g+2), their
         sub-tile offsets (N, 2)) drawn on the anchor d (N, 2) tiles before their own (d in
         {-1, 0, 1}: the frame's phase is offset + d s)."""
         cfg = self.cfg
-        g, s, k = cfg.canvas_cells, cfg.spatial, cfg.cell_channels
-        cells = crop(wide, 1 - d, g)  # a cell window, not pixels: the same cutting
+        g, s, k, ph = cfg.canvas_cells, cfg.spatial, cfg.cell_channels, cfg.phase_slice
+        window = crop(wide, 1 - d, g)  # a cell window, not pixels: the same cutting
         raw = phase_channels(offsets.long() + s * d, s, (g, g)).to(wide.dtype)
-        phase = (raw - self.latents_mean[k:, 0]) / self.latents_std[k:, 0]
-        return torch.cat([cells, phase], dim=1)
+        phase = (raw - self.latents_mean[ph, 0]) / self.latents_std[ph, 0]
+        return torch.cat([window[:, :k], phase, window[:, k:]], dim=1)
 
     def canonical(self, z: torch.Tensor) -> torch.Tensor:
         """A generated chunk (normalised latents (B, C, n, h, w)) as it enters the history: moved
@@ -448,21 +596,29 @@ class FastAutoencoder(nn.Module):
         if not cfg.frame_size:
             return z
         b, _, n, h, w = z.shape
-        k, s = cfg.cell_channels, cfg.spatial
+        k, s, ph, sp = cfg.cell_channels, cfg.spatial, cfg.phase_slice, cfg.sprite_slice
         mean, std = self.latents_mean[:, 0], self.latents_std[:, 0]  # (C, 1, 1)
         flat = z.transpose(1, 2).reshape(b * n, -1, h, w)
-        phase = read_phase(flat[:, k:] * std[k:] + mean[k:], s)  # (B*n, 2)
+        phase = read_phase(flat[:, ph] * std[ph] + mean[ph], s)  # (B*n, 2)
         d = torch.div(phase.view(b, n, 2)[:, -1], s, rounding_mode="floor")  # (B, 2) tiles moved
         d = d.repeat_interleave(n, dim=0)
         fill = (self.fill_cell() - mean[:k]) / std[:k]
-        cells = shift_cells(flat[:, :k], d, fill)
-        exact = (phase_channels(phase - s * d, s, (h, w)).to(z.dtype) - mean[k:]) / std[k:]
-        return torch.cat([cells, exact], dim=1).view(b, n, -1, h, w).transpose(1, 2)
+        parts = [
+            shift_cells(flat[:, :k], d, fill),
+            (phase_channels(phase - s * d, s, (h, w)).to(z.dtype) - mean[ph]) / std[ph],
+        ]
+        if cfg.sprite:
+            centre, state = read_sprite(flat[:, sp] * std[sp] + mean[sp], cfg.frame_size)
+            raw = sprite_channels(centre, state, cfg.frame_size, (h, w)).to(z.dtype)
+            parts.append((raw - mean[sp]) / std[sp])
+        return torch.cat(parts, dim=1).view(b, n, -1, h, w).transpose(1, 2)
 
-    def encode_float(self, video: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
-        """video (B, 3, T, H, W) in [-1, 1] -> normalised latents (B, C, n, h, w) (`offsets`: see
-        `encode_raw`)."""
-        return (self.encode_raw(video, offsets) - self.latents_mean) / self.latents_std
+    def encode_float(
+        self, video: torch.Tensor, offsets: torch.Tensor | None = None, sprites: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """video (B, 3, T, H, W) in [-1, 1] -> normalised latents (B, C, n, h, w) (`offsets`,
+        `sprites`: see `encode_raw`)."""
+        return (self.encode_raw(video, offsets, sprites) - self.latents_mean) / self.latents_std
 
     def decode_raw(
         self, z: torch.Tensor, history: torch.Tensor | None = None, first: bool = True
@@ -476,11 +632,7 @@ class FastAutoencoder(nn.Module):
         k, tf = cfg.temporal_kernel, cfg.temporal
         b, c, n, h, w = z.shape
         if cfg.frame_size:
-            flat = z.transpose(1, 2).reshape(b * n, c, h, w)
-            cells = flat[:, : cfg.cell_channels]
-            canvas = self.decoder(cells)  # (B*n, 3, S, S)
-            pos = read_phase(flat[:, cfg.cell_channels :], cfg.spatial) + 2 * cfg.spatial
-            frames = crop(canvas, pos, cfg.frame_size)
+            frames = self.decode_layers(z.transpose(1, 2).reshape(b * n, c, h, w))[1]
             return frames.view(b, n, 3, cfg.frame_size, cfg.frame_size).transpose(1, 2)
         if k > 1:
             if history is None:
@@ -496,6 +648,19 @@ class FastAutoencoder(nn.Module):
         if first and cfg.first_is_single and tf > 1:
             video = video[:, :, tf - 1 :]  # the first latent frame keeps only its last video frame
         return video
+
+    def decode_layers(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tile-aligned mode: raw latent frames (N, C, h, w) -> the view of the cells alone and the
+        frames with the sprite drawn over it, (N, 3, H, W) each in [-1, 1] (not clamped; without
+        a sprite layer the two are the same)."""
+        cfg = self.cfg
+        canvas = self.decoder(flat[:, : cfg.cell_channels])  # (N, 3, S, S)
+        pos = read_phase(flat[:, cfg.phase_slice], cfg.spatial) + 2 * cfg.spatial
+        backdrop = crop(canvas, pos, cfg.frame_size)
+        if not cfg.sprite:
+            return backdrop, backdrop
+        centre, state = read_sprite(flat[:, cfg.sprite_slice], cfg.frame_size)
+        return backdrop, self.sprite_decoder(backdrop, centre, state)
 
     def decode_float(
         self, z: torch.Tensor, history: torch.Tensor | None = None, first: bool = True

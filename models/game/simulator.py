@@ -149,6 +149,8 @@ class SimResult:
     frames: np.ndarray  # (N+1, H, W, 3) uint8 rendered frames
     player_pos: np.ndarray  # (N+1, 2) float64 player centre (x, y) in frame pixels
     player_world_pos: np.ndarray  # (N+1, 2) float64 player centre (x, y) in world units
+    backdrops: np.ndarray | None = None  # (N+1, H, W, 3) uint8 the frames without the player and ring
+    rings: np.ndarray | None = None  # (N+1,) bool the space ring is shown (with backdrops)
 
 
 def _value_noise(rng: np.random.Generator, n: int, cell: float) -> np.ndarray:
@@ -296,8 +298,9 @@ class Game:
         self._frame += 1
         return self.render()
 
-    def render(self) -> np.ndarray:
-        """The current view as a (size, size, 3) uint8 RGB frame."""
+    def render(self, player: bool = True) -> np.ndarray:
+        """The current view as a (size, size, 3) uint8 RGB frame (`player` False: without the
+        player and its ring, a layer a model may draw apart)."""
         cfg = self.config
         cx, cy = self.camera
         frame = self.terrain()
@@ -307,6 +310,8 @@ class Game:
         hi = self._creatures < (cx + cfg.view, cy + cfg.view)
         for x, y in self._creatures[(lo & hi).all(axis=1)]:
             self._fill(frame, (cx, cy), (x, y, x + cs, y + cs), cfg.palette.creature)
+        if not player:
+            return frame
 
         x, y = self._player[0]
         ps = cfg.player_size
@@ -378,6 +383,11 @@ class Game:
         return self._creatures + self.config.creature_size / 2.0
 
     @property
+    def ring_shown(self) -> bool:
+        """Whether the current frame shows the space ring."""
+        return self._ring > 0
+
+    @property
     def frame_index(self) -> int:
         """Steps taken since the last reset (0 for the initial frame)."""
         self._require_world()
@@ -412,18 +422,28 @@ class Game:
         frame[j0:j1, i0:i1] = colour
 
 
-def simulate(seed: int, actions: Sequence[Iterable[str]], config: GameConfig | None = None) -> SimResult:
-    """Run the game for ``seed`` through ``actions``; see ``SimResult`` for the frame indexing."""
+def simulate(
+    seed: int, actions: Sequence[Iterable[str]], config: GameConfig | None = None, layers: bool = False
+) -> SimResult:
+    """Run the game for ``seed`` through ``actions``; see ``SimResult`` for the frame indexing.
+    ``layers``: also record every frame without the player and whether its ring is shown."""
     game = Game(config)
     frames = [game.reset(seed)]
     screen = [game.player_screen_pos]
     world = [game.player_world_pos]
+    backdrops = [game.render(player=False)] if layers else []
+    rings = [game.ring_shown]
     for keys in actions:
         frames.append(game.step(keys))
         screen.append(game.player_screen_pos)
         world.append(game.player_world_pos)
+        rings.append(game.ring_shown)
+        if layers:
+            backdrops.append(game.render(player=False))
     return SimResult(
         frames=np.stack(frames),
         player_pos=np.array(screen, dtype=np.float64),
         player_world_pos=np.array(world, dtype=np.float64),
+        backdrops=np.stack(backdrops) if layers else None,
+        rings=np.array(rings) if layers else None,
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from models.causal_wan import ActionConfig, CausalWanConfig
-from models.fast_decoder import PHASE_CHANNELS, FastAEConfig
+from models.fast_decoder import PHASE_CHANNELS, SPRITE_CHANNELS, FastAEConfig
 from models.game import FPS, KEYS, Game, GameConfig
 from models.sampler import FlowSchedule
 from models.world import WorldConfig
@@ -29,16 +29,19 @@ SIZE = 64  # frame height and width, pixels (the game's default)
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 
 
-def ae_config(tiled: bool = False) -> FastAEConfig:
+def ae_config(tiled: bool = False, sprite: bool = False) -> FastAEConfig:
     """Per-frame latents: 8x spatial, 8 channels (a 64x64 frame -> 8x8x8), no temporal mixing.
 
     `tiled`: tile-aligned latents instead (`FastAEConfig.frame_size`): 8 channels per cell of the
     game's 8-px tile grid on a canvas two cells wider than the frame on every side (12x12 cells),
     every cell encoded and drawn from its own pixels, plus 4 phase channels -> 12x12x12.
+    `sprite` (with `tiled`): the player and its ring in 3 more channels, drawn in view
+    coordinates over the cells -> 12x12x15.
     """
     return FastAEConfig(
-        latent_channels=8 + (PHASE_CHANNELS if tiled else 0),
+        latent_channels=8 + (PHASE_CHANNELS if tiled else 0) + (SPRITE_CHANNELS if sprite else 0),
         frame_size=SIZE if tiled else 0,
+        sprite=sprite,
         spatial=8,
         temporal=1,
         first_is_single=False,

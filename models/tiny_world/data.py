@@ -6,6 +6,8 @@ An episode is one world (a seed) played for N frames by `random_policy(seed, N)`
     cameras (N+1, 2)        the view's top-left corner (x, y) of frame i in frame pixels (world
                             units times the scale); the self-forced stage's loss mask uses it
     players (N+1, 2)        the player's centre (x, y) on screen in frame pixels (own-world targets)
+    backdrops (N+1, H, W, 3), rings (N+1,)   with `layers`: the frames without the player and its
+                            ring, and whether the ring is shown (a sprite layer's targets)
     actions (N+1, width)    row i: the keys that *produced* frame i (row 0 is idle), laid out as
                             the model's action rows [key multi-hot in KEYS order | mouse dx, dy = 0]
 
@@ -43,6 +45,8 @@ class Episodes:
     seeds: np.ndarray  # (E,) int64 world seeds
     cameras: np.ndarray  # (E, N+1, 2) float32 camera top-left (x, y) per frame, frame pixels
     players: np.ndarray  # (E, N+1, 2) float32 player centre (x, y) on screen per frame, frame pixels
+    backdrops: np.ndarray | None = None  # (E, N+1, H, W, 3) uint8 frames without the player (layers)
+    rings: np.ndarray | None = None  # (E, N+1) bool the space ring is shown (layers)
 
     def __len__(self) -> int:
         return self.frames.shape[0]
@@ -68,19 +72,33 @@ def make_episodes(
     size: int = 64,
     progress: bool = False,
     policy: dict[str, float] | None = None,
+    layers: bool = False,
 ) -> Episodes:
-    """Simulate `random_policy(seed, n_actions, **policy)` in the world of every seed."""
+    """Simulate `random_policy(seed, n_actions, **policy)` in the world of every seed (`layers`:
+    with the frames without the player and the ring flags)."""
     config = GameConfig(size=size)
     frames = np.empty((len(seeds), n_actions + 1, size, size, 3), dtype=np.uint8)
     actions = np.empty((len(seeds), n_actions + 1, SPACE.width), dtype=np.float32)
     cameras = np.empty((len(seeds), n_actions + 1, 2), dtype=np.float32)
     players = np.empty((len(seeds), n_actions + 1, 2), dtype=np.float32)
+    backdrops = np.empty_like(frames) if layers else None
+    rings = np.empty((len(seeds), n_actions + 1), dtype=bool) if layers else None
     for i, seed in enumerate(tqdm(seeds, desc="simulate", unit="ep", disable=not progress)):
         keys = random_policy(int(seed), n_actions, **(policy or {}))
-        sim = simulate(int(seed), keys, config)
+        sim = simulate(int(seed), keys, config, layers=layers)
         frames[i] = sim.frames
         actions[i] = action_rows(keys)
         cameras[i] = sim_cameras(sim, config)
         players[i] = sim.player_pos
+        if layers:
+            backdrops[i], rings[i] = sim.backdrops, sim.rings
     seeds_arr = np.asarray(seeds, dtype=np.int64)
-    return Episodes(frames=frames, actions=actions, seeds=seeds_arr, cameras=cameras, players=players)
+    return Episodes(
+        frames=frames,
+        actions=actions,
+        seeds=seeds_arr,
+        cameras=cameras,
+        players=players,
+        backdrops=backdrops,
+        rings=rings,
+    )

@@ -6,7 +6,10 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
 
     data     simulate `episodes` worlds x `episode_frames` frames of random_policy (seeded, not saved)
     ae       the fast autoencoder on single frames: L1 + MSE, with noise on the latents so the
-             decoder tolerates the DiT's small errors; then per-channel latent statistics
+             decoder tolerates the DiT's small errors; then per-channel latent statistics. With
+             `ae_sprite` (tile-aligned only) the cells learn the frame without the player (the
+             simulator's layers) and the sprite layer draws the player and its ring over them,
+             their place in the latents taken from the game
     latents  every episode frame encoded once, with its action row and camera (DIR/latents.safetensors)
     dit      the causal DiT by flow matching on clips of 1 + clip_chunks * chunk_frames latent
              frames, teacher-forced (CausVid): one sequence holds a clean copy of the clip and a
@@ -111,6 +114,7 @@ class TrainConfig:
     ae_latent_noise: float = 0.2  # max latent noise during AE training, relative to the latent std
     ae_l2: float = 1e-4  # weight of mean(z^2), pins the latent scale
     ae_tiled: bool = False  # tile-aligned latents (`ae_config(tiled=True)`), phases from the game's camera
+    ae_sprite: bool = False  # with ae_tiled: the player and its ring drawn in view coordinates, not in cells
     # DiT
     dit_steps: int = 3600  # optimiser steps
     dit_batch: int = 8  # clips per step
@@ -681,7 +685,9 @@ class Trainer:
         self.elapsed = 0.0  # training seconds over all sessions of this run
         self._t0 = time.monotonic()
         torch.manual_seed(cfg.seed)
-        self.ae = FastAutoencoder(ae_config(cfg.ae_tiled))
+        if cfg.ae_sprite and not cfg.ae_tiled:
+            raise SystemExit("--ae-sprite needs --ae-tiled true")
+        self.ae = FastAutoencoder(ae_config(cfg.ae_tiled, cfg.ae_sprite))
         self.dit = CausalWan(dit_config(self.ae.cfg.latent_channels))
         self.ema = CausalWan(dit_config(self.ae.cfg.latent_channels))
         self.ema.load_state_dict(self.dit.state_dict())
@@ -838,7 +844,9 @@ class Trainer:
         if self.episodes is None:
             c = self.cfg
             seeds = list(range(c.world_seed_base, c.world_seed_base + c.episodes))
-            self.episodes = make_episodes(seeds, c.episode_frames, SIZE, progress=self.progress)
+            self.episodes = make_episodes(
+                seeds, c.episode_frames, SIZE, progress=self.progress, layers=c.ae_sprite
+            )
         return self.episodes
 
     def step_done(self, bar: tqdm) -> bool:
@@ -853,9 +861,11 @@ class Trainer:
 
     def train_ae(self) -> bool:
         """Returns False when the time limit stopped it."""
-        c, ae = self.cfg, self.ae
-        frames = self.data().frames.reshape(-1, SIZE, SIZE, 3)  # (E*(N+1), H, W, 3)
-        offsets = self.frame_offsets(self.data().cameras)  # (E*(N+1), 2) or None
+        c, ae, eps = self.cfg, self.ae, self.data()
+        frames = eps.frames.reshape(-1, SIZE, SIZE, 3)  # (E*(N+1), H, W, 3)
+        offsets = self.frame_offsets(eps.cameras)  # (E*(N+1), 2) or None
+        sprites = self.frame_sprites(eps.players, eps.rings)  # (E*(N+1), 3) or None
+        backdrops = None if sprites is None else eps.backdrops.reshape(-1, SIZE, SIZE, 3)
         cells = ae.cfg.cell_channels
         ae.train()
         bar = tqdm(total=c.ae_steps, initial=self.step, desc="autoencoder", disable=not self.progress)
@@ -864,21 +874,39 @@ class Trainer:
             x = torch.from_numpy(frames[idx]).float().div(127.5).sub(1.0)  # (B, H, W, 3)
             x = x.permute(0, 3, 1, 2)[:, :, None]  # (B, 3, 1, H, W)
             off = None if offsets is None else offsets[idx][:, None]  # (B, 1, 2)
-            z = ae.encode_raw(x, off)
+            spr = None if sprites is None else sprites[idx][:, None]  # (B, 1, 3)
+            z = ae.encode_raw(x, off, spr)
             rel = torch.rand(z.shape[0], 1, 1, 1, 1, generator=self.gen) * c.ae_latent_noise
             noise = torch.randn(z.shape, generator=self.gen)
-            noise[:, cells:] = 0.0  # phase channels stay exact: they pick the crop
-            rec = ae.decode_raw(z + rel * z[:, :cells].detach().std() * noise)
+            noise[:, cells:] = 0.0  # phase and sprite channels stay exact: they place what is drawn
+            zn = z + rel * z[:, :cells].detach().std() * noise
+            extra: dict[str, float] = {}
+            if spr is None:
+                rec = ae.decode_raw(zn)
+                loss = 0.0
+            else:
+                # The cells draw the frame without the sprite; the sprite layer draws it over them.
+                back, rec = ae.decode_layers(zn[:, :, 0])
+                rec = rec[:, :, None]
+                target = torch.from_numpy(backdrops[idx]).float().div(127.5).sub(1.0).permute(0, 3, 1, 2)
+                loss = (back - target).abs().mean() + (back - target).pow(2).mean()
+                heat, state = ae.sprite_net(x[:, :, 0])
+                where = spr[:, 0, 1] * SIZE + spr[:, 0, 0]  # (B,) index of the centre pixel
+                on = spr[:, 0, 2].float()
+                loss = loss + nn.functional.cross_entropy(heat, where)
+                loss = loss + nn.functional.binary_cross_entropy_with_logits(state, on)
+                extra["sprite_acc"] = (
+                    ((heat.argmax(1) == where) & ((state > 0) == (on > 0))).float().mean().item()
+                )
             l1 = (rec - x).abs().mean()
             mse = (rec - x).pow(2).mean()
-            loss = l1 + mse + c.ae_l2 * z[:, :cells].pow(2).mean()
-            phase_acc = None
+            loss = loss + l1 + mse + c.ae_l2 * z[:, :cells].pow(2).mean()
             if ae.phase is not None:
                 # Logit k of an axis means "tile edges at k mod s": a frame at offset o has them at -o.
                 logits = ae.phase(x[:, :, 0])  # (B, 2, s)
                 target = (ae.cfg.spatial - off[:, 0]) % ae.cfg.spatial  # (B, 2)
                 loss = loss + nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
-                phase_acc = (logits.argmax(-1) == target).float().mean().item()
+                extra["phase_acc"] = (logits.argmax(-1) == target).float().mean().item()
             for group in self.ae_opt.param_groups:
                 group["lr"] = lr_at(self.step, c.ae_steps, c.ae_lr, c.warmup)
             self.ae_opt.zero_grad(set_to_none=True)
@@ -890,7 +918,6 @@ class Trainer:
             if self.step % c.log_every == 0 or self.step == c.ae_steps:
                 psnr = 10 * math.log10(4.0 / max(mse.item(), 1e-10))  # [-1, 1] range: peak-to-peak 2
                 bar.set_postfix(loss=f"{loss.item():.4f}", psnr=f"{psnr:.1f}")
-                extra = {} if phase_acc is None else {"phase_acc": phase_acc}
                 self.log(
                     {"loss": loss.item(), "l1": l1.item(), "psnr": psnr, "t": self.total_elapsed(), **extra}
                 )
@@ -898,7 +925,7 @@ class Trainer:
                 return False
         bar.close()
         ae.eval()
-        self.set_latent_stats(frames, offsets)
+        self.set_latent_stats(frames, offsets, sprites)
         self.stage, self.step = "dit", 0
         self.checkpoint()
         return True
@@ -911,22 +938,45 @@ class Trainer:
         s = self.ae.cfg.spatial
         return torch.from_numpy(np.rint(cameras).astype(np.int64) % s).reshape(-1, 2)
 
+    def frame_sprites(self, players: np.ndarray, rings: np.ndarray | None) -> torch.Tensor | None:
+        """With a sprite layer: every frame's player centre (x, y) in view pixels (players
+        (..., 2)) and ring flag (rings (...,)), (N, 3) long; None without a sprite layer or
+        without recorded rings (the encoder then reads them off the frames)."""
+        if not self.ae.cfg.sprite or rings is None:
+            return None
+        centre = torch.from_numpy(np.rint(players).astype(np.int64))
+        ring = torch.from_numpy(rings.astype(np.int64))[..., None]
+        return torch.cat([centre, ring], dim=-1).reshape(-1, 3)
+
     @torch.no_grad()
     def set_latent_stats(
-        self, frames: np.ndarray, offsets: torch.Tensor | None = None, n: int = 4096
+        self,
+        frames: np.ndarray,
+        offsets: torch.Tensor | None = None,
+        sprites: torch.Tensor | None = None,
+        n: int = 4096,
     ) -> None:
-        """Per-channel mean/std of the raw latents of `n` frames (fixed sample)."""
+        """Per-channel mean/std of the raw latents of `n` frames (fixed sample); the sprite
+        channels keep their raw scale (mean 0, std 1), whose units the decoder rounds to."""
         n = min(n, frames.shape[0])
         idx = np.random.default_rng(self.cfg.seed + 1).integers(0, frames.shape[0], size=n)
         x = torch.from_numpy(frames[idx]).float().div(127.5).sub(1.0).permute(0, 3, 1, 2)[:, :, None]
         off = None if offsets is None else offsets[idx][:, None]
+        spr = None if sprites is None else sprites[idx][:, None]
         z = torch.cat(
             [
-                self.ae.encode_raw(x[i : i + 256], None if off is None else off[i : i + 256])
+                self.ae.encode_raw(
+                    x[i : i + 256],
+                    None if off is None else off[i : i + 256],
+                    None if spr is None else spr[i : i + 256],
+                )
                 for i in range(0, n, 256)
             ]
         )  # (n, C, 1, h, w)
-        self.ae.set_normalisation(z.mean(dim=(0, 2, 3, 4)), z.std(dim=(0, 2, 3, 4)))
+        mean, std = z.mean(dim=(0, 2, 3, 4)), z.std(dim=(0, 2, 3, 4))
+        sp = self.ae.cfg.sprite_slice
+        mean[sp], std[sp] = 0.0, 1.0
+        self.ae.set_normalisation(mean, std)
 
     @torch.no_grad()
     def latents(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -946,7 +996,7 @@ class Trainer:
         """Episodes as the DiT stages read them: latents (E, N+1, C, h, w) float16, action rows,
         cameras and players' screen positions (E, N+1, 2)."""
         self.ae.eval()
-        out = [self.encode_frames(frames, cams) for frames, cams in self.each_episode(eps, "encode")]
+        out = [self.encode_frames(*ep) for ep in self.each_episode(eps, "encode")]
         return {
             "latents": torch.stack(out),
             "actions": torch.from_numpy(eps.actions),
@@ -1006,35 +1056,42 @@ class Trainer:
         c = self.cfg
         self.ae.eval()
         out = []
-        for frames, cams in self.each_episode(eps, "encode blurred"):
+        for frames, cams, sprites in self.each_episode(eps, "encode blurred"):
             frames = frames.permute(0, 3, 1, 2)  # (N+1, 3, H, W)
             n = frames.shape[0]
             soft = gaussian_blur(frames, 0.5 + torch.rand(n, generator=gen) * (c.sf_blur_max - 0.5))
             if c.sf_jitter > 0:
                 gain = 1.0 + c.sf_jitter * torch.randn(n, 3, 1, 1, generator=gen)
                 soft = (soft * gain + c.sf_jitter * torch.randn(n, 3, 1, 1, generator=gen)).clamp(-1.0, 1.0)
-            out.append(self.encode_frames(soft.permute(0, 2, 3, 1), cams))
+            out.append(self.encode_frames(soft.permute(0, 2, 3, 1), cams, sprites))
         return torch.stack(out)
 
-    def each_episode(self, eps: Episodes, desc: str) -> Iterator[tuple[torch.Tensor, np.ndarray]]:
-        """Every episode's frames (N+1, H, W, 3) in [-1, 1] and cameras (N+1, 2), with a progress bar."""
-        for ep, cams in tqdm(
-            zip(eps.frames, eps.cameras, strict=True),
+    def each_episode(
+        self, eps: Episodes, desc: str
+    ) -> Iterator[tuple[torch.Tensor, np.ndarray, torch.Tensor | None]]:
+        """Every episode's frames (N+1, H, W, 3) in [-1, 1], cameras (N+1, 2) and sprites
+        (`frame_sprites`), with a progress bar."""
+        rings = eps.rings if eps.rings is not None else [None] * len(eps)
+        for ep, cams, players, ring in tqdm(
+            zip(eps.frames, eps.cameras, eps.players, rings, strict=True),
             desc=desc,
             unit="ep",
             total=len(eps),
             disable=not self.progress,
         ):
-            yield torch.from_numpy(ep).float() / 127.5 - 1.0, cams
+            yield torch.from_numpy(ep).float() / 127.5 - 1.0, cams, self.frame_sprites(players, ring)
 
     @torch.no_grad()
-    def encode_frames(self, frames: torch.Tensor, cameras: np.ndarray) -> torch.Tensor:
-        """One episode's frames (N+1, H, W, 3) in [-1, 1] and cameras (N+1, 2) -> normalised
-        latents (N+1, C, h, w) float16; tile-aligned latents: the cells around each frame's own
-        anchor (`encode_wide`, its offset from the camera) that `clip_latents` cuts clips from."""
+    def encode_frames(
+        self, frames: torch.Tensor, cameras: np.ndarray, sprites: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """One episode's frames (N+1, H, W, 3) in [-1, 1], cameras (N+1, 2) and sprites (None:
+        read off the frames) -> normalised latents (N+1, C, h, w) float16; tile-aligned latents:
+        the cells around each frame's own anchor (`encode_wide`, its offset from the camera) that
+        `clip_latents` cuts clips from."""
         off = self.frame_offsets(cameras)
         if off is not None:
-            return self.ae.encode_wide(frames.permute(0, 3, 1, 2), off).half()
+            return self.ae.encode_wide(frames.permute(0, 3, 1, 2), off, sprites).half()
         z = self.ae.encode_float(frames.permute(3, 0, 1, 2)[None])  # from (1, 3, N+1, H, W)
         return z[0].transpose(0, 1).half()
 

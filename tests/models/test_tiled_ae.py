@@ -14,15 +14,20 @@ from torch import nn
 
 from models.fast_decoder import (
     PHASE_CHANNELS,
+    SPRITE_CHANNELS,
+    SPRITE_REACH,
     FastAEConfig,
     FastAutoencoder,
     FastStreamingDecoder,
     PhaseNet,
+    SpriteDecoder,
     crop,
     phase_channels,
     place,
     read_phase,
+    read_sprite,
     shift_cells,
+    sprite_channels,
 )
 from models.game import Game, GameConfig
 
@@ -154,6 +159,18 @@ def test_config_validation():
         FastAEConfig(**{**TILED, "latent_channels": 4})
     plain = FastAEConfig(latent_channels=4)
     assert plain.margin_cells == 0 and plain.cell_channels == 4
+    with pytest.raises(ValueError, match="tile-aligned"):
+        FastAEConfig(latent_channels=4, sprite=True)
+    with pytest.raises(ValueError, match="more than 7"):
+        FastAEConfig(**{**TILED, "latent_channels": 7, "sprite": True})
+    sprite = FastAEConfig(
+        **{**TILED, "latent_channels": 4 + PHASE_CHANNELS + SPRITE_CHANNELS, "sprite": True}
+    )
+    assert (
+        sprite.cell_channels == 4
+        and sprite.phase_slice == slice(4, 8)
+        and sprite.sprite_slice == slice(8, 11)
+    )
     assert FastAEConfig.from_dict(FastAEConfig(**TILED).to_dict()) == FastAEConfig(**TILED)
 
 
@@ -244,3 +261,88 @@ def test_shift_cells_moves_whole_cells_and_fills_the_vacated_ones():
     out = shift_cells(cells, torch.tensor([[1, 0], [-1, 1]]), fill)
     assert out[0, 0].tolist() == [[1, 2, -1], [4, 5, -1], [7, 8, -1]]
     assert out[1, 0].tolist() == [[-1, 12, 13], [-1, 15, 16], [-1, -1, -1]]
+
+
+SPRITED = {**TILED, "latent_channels": 4 + PHASE_CHANNELS + SPRITE_CHANNELS, "sprite": True}
+
+
+def make_sprited() -> FastAutoencoder:
+    torch.manual_seed(0)
+    ae = FastAutoencoder(FastAEConfig(**SPRITED))
+    for p in ae.parameters():
+        p.data.normal_(0, 0.2)
+    return ae.eval()
+
+
+def test_sprite_channels_round_trip_and_survive_noise():
+    centre = torch.tensor([[16, 16], [3, 29], [32, 0], [0, 32]])
+    state = torch.tensor([False, True, True, False])
+    ch = sprite_channels(centre, state, 32, (5, 5))
+    assert ch.shape == (4, 3, 5, 5) and ch[0].abs().max() == 1  # the centre is 0, the state -1
+    noisy = ch + 0.3 * torch.randn(ch.shape, generator=torch.Generator().manual_seed(0))
+    for c in (ch, noisy):
+        got_centre, got_state = read_sprite(c, 32)
+        assert torch.equal(got_centre, centre) and torch.equal(got_state, state)
+
+
+@torch.no_grad()
+def test_the_sprite_looks_the_same_wherever_it_is_drawn_and_only_near_its_centre():
+    torch.manual_seed(0)
+    dec = SpriteDecoder(width=16)
+    for p in dec.parameters():
+        p.data.normal_(0, 0.5)
+    backdrop = torch.full((2, 3, 64, 64), 0.3)  # a flat backdrop: only the sprite varies
+    centre = torch.tensor([[30, 30], [41, 26]])
+    r = SPRITE_REACH
+    for state in (torch.tensor([True, True]), torch.tensor([False, False])):
+        out = dec(backdrop, centre, state)
+        drawn = out - backdrop
+        assert drawn.abs().max() > 0.01
+        torch.testing.assert_close(
+            out[0, :, 30 - r : 30 + r, 30 - r : 30 + r], out[1, :, 26 - r : 26 + r, 41 - r : 41 + r]
+        )
+        keep = torch.ones(64, 64, dtype=torch.bool)
+        keep[30 - r : 30 + r, 30 - r : 30 + r] = False
+        assert drawn[0, :, keep].abs().max() == 0  # nothing beyond the reach
+    on = dec(backdrop, centre, torch.tensor([True, True]))
+    off = dec(backdrop, centre, torch.tensor([False, False]))
+    assert (on - off).abs().max() > 0.01  # the state changes the drawing
+
+
+@torch.no_grad()
+def test_a_sprited_frame_encodes_its_sprite_and_draws_it_over_the_cells():
+    ae = make_sprited()
+    ae.set_normalisation(torch.linspace(-0.5, 0.5, 11), torch.linspace(0.5, 2.0, 11))
+    frames = torch.rand(3, 3, 32, 32) * 2 - 1
+    off = torch.tensor([[1, 5], [2, 5], [3, 6]])
+    spr = torch.tensor([[16, 16, 0], [17, 15, 1], [16, 30, 1]])
+    z = ae.encode_raw(frames.transpose(0, 1)[None], off[None], spr[None])[0]  # (C, 3, 6+4, 6+4)
+    assert z.shape == (11, 3, 8, 8)
+    flat = z.transpose(0, 1)
+    centre, state = read_sprite(flat[:, 8:], 32)
+    assert centre.tolist() == spr[:, :2].tolist() and state.tolist() == [False, True, True]
+    # Without known sprites the encoder reads them off the frames (here an untrained guess).
+    guessed = ae.encode_raw(frames.transpose(0, 1)[None], off[None])[0]
+    torch.testing.assert_close(guessed[:8], z[:8])
+    backdrop, drawn = ae.decode_layers(flat)
+    torch.testing.assert_close(backdrop, ae.decode_layers(torch.cat([flat[:, :8], -flat[:, 8:]], 1))[0])
+    torch.testing.assert_close(drawn, ae.sprite_decoder(backdrop, centre, state))
+    torch.testing.assert_close(ae.decode_raw(z[None])[0].transpose(0, 1), drawn)
+    # Wide cells carry the sprite channels too; cut on the frame's own anchor they are its latents.
+    wide = ae.encode_wide(frames, off, spr)
+    assert wide.shape == (3, 7, 10, 10)
+    own = ae.at_anchor(wide, off, torch.zeros(3, 2, dtype=torch.long))
+    torch.testing.assert_close(
+        own, ae.encode_float(frames.transpose(0, 1)[None], off[None], spr[None])[0].transpose(0, 1)
+    )
+    # Re-anchoring moves cells, never the sprite: it stays where the view has it, snapped.
+    prev = ae.at_anchor(wide, off, torch.tensor([[1, 0]] * 3))
+    noisy = prev + 0.05 * torch.randn(prev.shape, generator=torch.Generator().manual_seed(1))
+    out = ae.canonical(noisy.transpose(0, 1)[None])[0].transpose(0, 1)
+    torch.testing.assert_close(out[:, 8:], own[:, 8:], rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        ae.decode_float(out.transpose(0, 1)[None]),
+        ae.decode_float(noisy.transpose(0, 1)[None]),
+        rtol=0,
+        atol=1e-5,
+    )

@@ -245,3 +245,23 @@ def test_place_player_teleports_and_refuses_walls_and_the_outside() -> None:
     with pytest.raises(GameError, match="outside"):
         game.place_player(-4.0, y)
     assert game.player_world_pos == (x + 5 + 3, y + 3 + 3)  # a refused move leaves it in place
+
+
+def test_layers_record_the_frames_without_the_player_and_the_ring_flag() -> None:
+    keys = [{"d"}] * 3 + [{"space", "s"}] + [set()] * 8
+    plain = simulate(7, keys)
+    result = simulate(7, keys, layers=True)
+    assert plain.backdrops is None and plain.rings is None
+    np.testing.assert_array_equal(result.frames, plain.frames)  # recording layers changes nothing
+    assert result.backdrops.shape == result.frames.shape
+    sprite = colour_mask(result.frames, PALETTE.player) | colour_mask(result.frames, PALETTE.action)
+    # The backdrops differ from the frames exactly where the player or its ring is drawn...
+    np.testing.assert_array_equal((result.backdrops != result.frames).any(axis=-1), sprite)
+    assert not colour_mask(result.backdrops, PALETTE.player).any()
+    # ...and are what the game renders without the player.
+    game = Game()
+    game.reset(7)
+    np.testing.assert_array_equal(result.backdrops[0], game.render(player=False))
+    rings = colour_mask(result.frames, PALETTE.action).any(axis=(1, 2))
+    np.testing.assert_array_equal(result.rings, rings)
+    assert rings.sum() == GameConfig().action_frames

@@ -2,7 +2,8 @@
 blurred, is encoded around its own anchor at the camera's offset; clips are cut as the model sees
 them (targets on the anchor of the chunk before, history re-anchored on its chunk's last frame);
 the exported model serves sessions through the engine, which re-anchors each chunk as the
-trainer's rollout does."""
+trainer's rollout does. With `--ae-sprite true` the player is a layer of its own: its position
+and ring ride in the latents, taken from the game."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from models.fast_decoder import read_phase
+from models.fast_decoder import read_phase, read_sprite
 from models.registry import load_world
 from models.tiny_world import start_image
 from models.tiny_world.data import action_rows
@@ -85,3 +86,23 @@ def test_tiled_run_cuts_clips_on_their_anchors_and_serves(tmp_path: Path):
         )
     mine, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
     assert np.abs(mine.numpy().astype(int) - served.astype(int)).max() <= 1
+
+
+def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path: Path):
+    out = tmp_path / "run"
+    train_tiny(out, "--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16", "--sf-blur", "1")
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert all("sprite_acc" in r for r in log if r["stage"] == "ae" and "loss" in r)
+    data = load_file(str(out / "latents.safetensors"))
+    lat = data["latents"]
+    assert lat.shape == (2, 17, 11, 14, 14)  # cells, then the sprite channels (raw scale)
+    centre, _ = read_sprite(lat[:, :, 8:].flatten(0, 1).float(), 64)
+    assert torch.equal(centre, data["players"].flatten(0, 1).round().long())
+    blurred = load_file(str(out / "blurred.safetensors"))["latents"]
+    torch.testing.assert_close(blurred[:, :, 8:], lat[:, :, 8:])  # the game's, however blurred
+
+    world = load_world(out / "model")
+    assert world.latent_shape == (15, 12, 12)
+    assert world.decoder.ae.latents_std[12:].flatten().tolist() == [1.0, 1.0, 1.0]
+    served, _ = serve_random_policy(world, 1_000_321, 2)
+    assert served.shape == (9, 64, 64, 3) and np.ptp(served) > 0
