@@ -351,36 +351,31 @@ class SpriteNet(nn.Module):
 
 
 class SpriteDecoder(nn.Module):
-    """Sprite mode: each view pixel's colour and opacity from its offset to the sprite's centre
-    and the sprite's state (a per-pixel MLP, so the sprite looks the same wherever it is), zero
-    opacity beyond `SPRITE_REACH`."""
+    """Sprite mode: a learned bitmap per state (opacity logit and colour, 2 `SPRITE_REACH` px
+    square) pasted with its centre on the sprite's centre, so the sprite looks the same wherever
+    it is and nothing is drawn beyond its reach. (A per-pixel MLP over the offset to the centre
+    drew the player but never learned the ring's one-pixel outline.)"""
 
-    def __init__(self, width: int = 64) -> None:
+    def __init__(self, reach: int = SPRITE_REACH) -> None:
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(3, width),
-            nn.SiLU(),
-            nn.Linear(width, width),
-            nn.SiLU(),
-            nn.Linear(width, width),
-            nn.SiLU(),
-            nn.Linear(width, 4),
-        )
+        self.reach = reach
+        bitmaps = torch.zeros(2, 4, 2 * reach, 2 * reach)
+        bitmaps[:, 0] = -3.0  # nearly transparent at the start
+        self.bitmaps = nn.Parameter(bitmaps)
 
     def forward(self, frames: torch.Tensor, centre: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """The sprite drawn over frames (N, 3, H, W) at centres (N, 2) (view pixels) in states (N,)
-        bool."""
+        """The sprite drawn over frames (N, 3, H, W) at centres (N, 2) long (view pixels, each in
+        [0, W] x [0, H]) in states (N,) bool."""
         n, _, h, w = frames.shape
-        px = torch.arange(w, device=frames.device, dtype=frames.dtype) + 0.5
-        py = torch.arange(h, device=frames.device, dtype=frames.dtype) + 0.5
-        du = px[None, None, :] - centre[:, None, None, 0].to(frames.dtype)  # (N, 1, W)
-        dv = py[None, :, None] - centre[:, None, None, 1].to(frames.dtype)  # (N, H, 1)
-        du, dv = du.expand(n, h, w), dv.expand(n, h, w)
-        on = state.to(frames.dtype)[:, None, None].expand(n, h, w) * 2 - 1
-        out = self.net(torch.stack([du / SPRITE_REACH, dv / SPRITE_REACH, on], dim=-1))  # (N, H, W, 4)
-        near = (du.abs() < SPRITE_REACH) & (dv.abs() < SPRITE_REACH)
-        alpha = torch.sigmoid(out[..., 0]) * near  # (N, H, W)
-        return frames + alpha[:, None] * (out[..., 1:].permute(0, 3, 1, 2) - frames)
+        r = self.reach
+        bm = self.bitmaps[state.long()]  # (N, 4, 2r, 2r)
+        bm = torch.cat([torch.sigmoid(bm[:, :1]), bm[:, 1:]], dim=1)
+        layer = frames.new_zeros(n, 4, h + 2 * r, w + 2 * r)  # zero opacity off the bitmap
+        for cx, cy in centre.unique(dim=0).tolist():
+            rows = ((centre[:, 0] == cx) & (centre[:, 1] == cy)).nonzero()[:, 0]
+            layer[rows, :, cy : cy + 2 * r, cx : cx + 2 * r] = bm[rows].to(frames.dtype)
+        layer = layer[:, :, r : r + h, r : r + w]
+        return frames + layer[:, :1] * (layer[:, 1:] - frames)
 
 
 def sprite_channels(

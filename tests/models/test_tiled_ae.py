@@ -288,9 +288,8 @@ def test_sprite_channels_round_trip_and_survive_noise():
 @torch.no_grad()
 def test_the_sprite_looks_the_same_wherever_it_is_drawn_and_only_near_its_centre():
     torch.manual_seed(0)
-    dec = SpriteDecoder(width=16)
-    for p in dec.parameters():
-        p.data.normal_(0, 0.5)
+    dec = SpriteDecoder()
+    dec.bitmaps.data.normal_(0, 1.0)
     backdrop = torch.full((2, 3, 64, 64), 0.3)  # a flat backdrop: only the sprite varies
     centre = torch.tensor([[30, 30], [41, 26]])
     r = SPRITE_REACH
