@@ -356,19 +356,21 @@ class SpriteDecoder(nn.Module):
     it is and nothing is drawn beyond its reach. (A per-pixel MLP over the offset to the centre
     drew the player but never learned the ring's one-pixel outline.)"""
 
+    # Adam moves a parameter by about its learning rate per step, too little for an opacity logit
+    # that must reach +-8 in a short autoencoder run: the bitmaps are stored divided by this.
+    gain = 16.0
+
     def __init__(self, reach: int = SPRITE_REACH) -> None:
         super().__init__()
         self.reach = reach
-        bitmaps = torch.zeros(2, 4, 2 * reach, 2 * reach)
-        bitmaps[:, 0] = -3.0  # nearly transparent at the start
-        self.bitmaps = nn.Parameter(bitmaps)
+        self.bitmaps = nn.Parameter(torch.zeros(2, 4, 2 * reach, 2 * reach))
 
     def forward(self, frames: torch.Tensor, centre: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """The sprite drawn over frames (N, 3, H, W) at centres (N, 2) long (view pixels, each in
         [0, W] x [0, H]) in states (N,) bool."""
         n, _, h, w = frames.shape
         r = self.reach
-        bm = self.bitmaps[state.long()]  # (N, 4, 2r, 2r)
+        bm = self.bitmaps[state.long()] * self.gain  # (N, 4, 2r, 2r)
         bm = torch.cat([torch.sigmoid(bm[:, :1]), bm[:, 1:]], dim=1)
         layer = frames.new_zeros(n, 4, h + 2 * r, w + 2 * r)  # zero opacity off the bitmap
         for cx, cy in centre.unique(dim=0).tolist():
