@@ -55,6 +55,8 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              idle for 0..`sf_idle_lead` chunks; in idle the game's frames stay the right targets.
              `sf_chain`: a loss on fresh clips' own rollouts whose gradient reaches back through
              `sf_chain_depth` chunks of the generated history (`chain_history`).
+             `sf_sprite_jitter` (sprite layer): half the clips see their history's sprite moved
+             off the game's place by up to that many px, so the rule, not the history, places it.
     export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
@@ -83,7 +85,7 @@ from torch import nn
 from tqdm import tqdm
 
 from models.causal_wan import CausalWan, frame_attention_mask
-from models.fast_decoder import FastAutoencoder, FastStreamingDecoder
+from models.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDecoder
 from models.game import Game, GameConfig, GameError, random_policy
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise
@@ -152,6 +154,7 @@ class TrainConfig:
     sf_chain: float = 0.0  # weight of the chain loss (`chain_history` vs the game where the start saw)
     sf_chain_clips: int = 4  # clips per step rolled out for the chain loss
     sf_chain_depth: int = 2  # chunks of generated history the chain loss's gradient reaches through
+    sf_sprite_jitter: int = 0  # sprite layer: half the clips' history has its sprite moved up to this many px
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -1165,6 +1168,8 @@ class Trainer:
         }
         if self.ae.cfg.frame_size and any(tiled_off.values()):
             raise SystemExit(f"tile-aligned latents do not support {[k for k, v in tiled_off.items() if v]}")
+        if c.sf_sprite_jitter and not self.ae.cfg.sprite:
+            raise SystemExit("--sf-sprite-jitter needs a sprite layer (--ae-sprite true)")
         if c.sf_target == "own" and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
         sched = world_config().schedule
@@ -1340,7 +1345,10 @@ class Trainer:
           prediction from the ground truth before it (`onestep_history`);
         * slowed (`sf_warp`): the history frames of the last chunk show the motion slowed by r in
           [0, 1) (r = 0: frozen) up to their true last frame, under the same held keys, so the
-          keys and not the history's apparent speed must carry the motion."""
+          keys and not the history's apparent speed must carry the motion;
+        * sprite moved (`sf_sprite_jitter`, half the eligible clips): every history frame's
+          sprite, the start frame's too, one offset of up to that many px off the game's place,
+          so the game's rule and not the history must place the sprite (it drifts otherwise)."""
         c, b, f = self.cfg, x0.shape[0], x0.shape[2]
         hist = self.clip_latents(lat, cams, e, idx)[1]
         if blurred is not None:
@@ -1364,6 +1372,13 @@ class Trainer:
             frames = torch.arange(1, last + 1, dtype=torch.float32)
             for k in warp.nonzero().flatten().tolist():
                 hist[k, :, 1 : last + 1] = hist[k, :, (last - r[k] * (last - frames)).round().long()]
+        if c.sf_sprite_jitter > 0:
+            moved = (torch.rand(b, generator=self.gen) < 0.5) & eligible
+            j = c.sf_sprite_jitter
+            d = torch.randint(-j, j + 1, (b, 2), generator=self.gen) / SPRITE_SCALE  # raw channel units
+            xy = self.ae.cfg.sprite_slice.start + torch.arange(2)
+            std = self.ae.latents_std[xy, 0, 0, 0]
+            hist[:, xy] += torch.where(moved[:, None], d / std, 0.0)[:, :, None, None, None]
         return hist, warp
 
     @torch.no_grad()

@@ -90,7 +90,11 @@ def test_tiled_run_cuts_clips_on_their_anchors_and_serves(tmp_path: Path):
 
 def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path: Path):
     out = tmp_path / "run"
-    train_tiny(out, "--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16", "--sf-blur", "1")
+    train_tiny(
+        out,
+        *("--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16"),
+        *("--sf-blur", "1", "--sf-sprite-jitter", "2"),
+    )
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert all("sprite_acc" in r for r in log if r["stage"] == "ae" and "loss" in r)
     data = load_file(str(out / "latents.safetensors"))
@@ -106,3 +110,24 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
     assert world.decoder.ae.latents_std[12:].flatten().tolist() == [1.0, 1.0, 1.0]
     served, _ = serve_random_policy(world, 1_000_321, 2)
     assert served.shape == (9, 64, 64, 3) and np.ptp(served) > 0
+
+    # History with the sprite moved (`sf_sprite_jitter`): half the eligible clips, one whole-pixel
+    # offset of up to 4 px per clip on every frame; the cells, the phase and the ring untouched.
+    cfg = TrainConfig(ae_tiled=True, ae_sprite=True, sf_sprite_jitter=4, sf_blur=0.0)
+    trainer = Trainer(cfg, tmp_path / "t", None, progress=False)
+    trainer.ae = world.decoder.ae
+    b = 32
+    e = np.arange(b) % 2
+    idx = np.arange(5)[None, :] + (np.arange(b) % 12)[:, None]
+    _, clean = trainer.clip_latents(lat, data["cameras"], e, idx)
+    eligible = torch.arange(b) < 24
+    hist, _ = trainer.degraded_history(
+        clean, torch.zeros(b, 5, 1, 6), e, idx, eligible, None, lat, data["cameras"]
+    )
+    torch.testing.assert_close(hist[:, :12], clean[:, :12])  # cells and phase
+    torch.testing.assert_close(hist[:, 14], clean[:, 14])  # the ring
+    px = (hist[:, 12:14] - clean[:, 12:14]) * 4  # whole view pixels (sprite std 1, 4 px a unit)
+    torch.testing.assert_close(px, px.round())
+    assert px.abs().max() <= 4 and (px == px[:, :, :1]).all()  # one offset per clip, every frame
+    moved = px.abs().amax(dim=(1, 2, 3, 4)) > 0
+    assert not moved[~eligible].any() and 6 <= moved[eligible].sum() <= 18
