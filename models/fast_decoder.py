@@ -366,17 +366,13 @@ class SpriteDecoder(nn.Module):
         self.bitmaps = nn.Parameter(torch.zeros(2, 4, 2 * reach, 2 * reach))
 
     def forward(self, frames: torch.Tensor, centre: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """The sprite drawn over frames (N, 3, H, W) at centres (N, 2) long (view pixels, each in
-        [0, W] x [0, H]) in states (N,) bool."""
-        n, _, h, w = frames.shape
-        r = self.reach
+        """The sprite drawn over square frames (N, 3, H, H) at centres (N, 2) long (view pixels,
+        each in [0, H]) in states (N,) bool."""
+        h, r = frames.shape[-1], self.reach
         bm = self.bitmaps[state.long()] * self.gain  # (N, 4, 2r, 2r)
-        bm = torch.cat([torch.sigmoid(bm[:, :1]), bm[:, 1:]], dim=1)
-        layer = frames.new_zeros(n, 4, h + 2 * r, w + 2 * r)  # zero opacity off the bitmap
-        for cx, cy in centre.unique(dim=0).tolist():
-            rows = ((centre[:, 0] == cx) & (centre[:, 1] == cy)).nonzero()[:, 0]
-            layer[rows, :, cy : cy + 2 * r, cx : cx + 2 * r] = bm[rows].to(frames.dtype)
-        layer = layer[:, :, r : r + h, r : r + w]
+        bm = torch.cat([torch.sigmoid(bm[:, :1]), bm[:, 1:]], dim=1).to(frames.dtype)
+        # On a canvas padded by r the bitmap's corner is the centre; zero opacity off the bitmap.
+        layer = paste(bm, centre, h + 2 * r)[:, :, r : r + h, r : r + h]
         return frames + layer[:, :1] * (layer[:, 1:] - frames)
 
 
@@ -417,16 +413,22 @@ def read_phase(channels: torch.Tensor, s: int) -> torch.Tensor:
     return torch.where(p >= 3 * s // 2, p - 2 * s, p)
 
 
-def place(frames: torch.Tensor, pos: torch.Tensor, canvas: int) -> torch.Tensor:
-    """Frames (N, 3, H, W) put on a zero canvas (N, 4, canvas, canvas) with their top-left
-    corners at `pos` (N, 2) (x, y), with a 4th channel that is 1 where the frame is."""
-    n, _, h, w = frames.shape
-    x = torch.cat([frames, frames.new_ones(n, 1, h, w)], dim=1)
-    out = frames.new_zeros(n, 4, canvas, canvas)
+def paste(x: torch.Tensor, pos: torch.Tensor, canvas: int) -> torch.Tensor:
+    """Images (N, C, H, W) put on a zero canvas (N, C, canvas, canvas) with their top-left
+    corners at `pos` (N, 2) (x, y)."""
+    n, c, h, w = x.shape
+    out = x.new_zeros(n, c, canvas, canvas)
     for px, py in pos.unique(dim=0).tolist():
         rows = ((pos[:, 0] == px) & (pos[:, 1] == py)).nonzero()[:, 0]
         out[rows, :, py : py + h, px : px + w] = x[rows]
     return out
+
+
+def place(frames: torch.Tensor, pos: torch.Tensor, canvas: int) -> torch.Tensor:
+    """Frames (N, 3, H, W) put on a zero canvas (N, 4, canvas, canvas) with their top-left
+    corners at `pos` (N, 2) (x, y), with a 4th channel that is 1 where the frame is."""
+    n, _, h, w = frames.shape
+    return paste(torch.cat([frames, frames.new_ones(n, 1, h, w)], dim=1), pos, canvas)
 
 
 def crop(canvas: torch.Tensor, pos: torch.Tensor, size: int) -> torch.Tensor:
