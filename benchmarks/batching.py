@@ -95,6 +95,7 @@ def bare_fps(world: World, n: int, chunks: int) -> float:
             if step + 1 < len(sched.steps):
                 nz = torch.stack([world.noise(s.seed, c, step + 1, k) for s in states])
                 x = (1 - sched.sigmas[step + 1]) * x0 + sched.sigmas[step + 1] * nz
+        x0 = world.canonical(x0)
         world.context(x0, index, acts)
         out, caches = decode_batch(world.decoder, x0, caches)
         frames += sum(int(f.shape[0]) for f in out)

@@ -58,6 +58,7 @@ def bare_loop(world: World, chunks: int, seed: int) -> list[float]:
             x0 = sched.to_x0(world.denoise(x, t, index, acts), x, sg)
             if k + 1 < len(sched.steps):
                 x = add_noise(x0, world.noise(seed, c + 1, k + 1, n)[None], sched.sigmas[k + 1])
+        x0 = world.canonical(x0)
         world.context(x0, index, acts)
         frames, state.decoder = world.decode(x0[0], state)
         frames.cpu().numpy()

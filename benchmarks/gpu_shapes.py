@@ -188,6 +188,7 @@ def bare_loop(world: World, sessions: int, chunks: int, overlap: bool) -> float:
                 x = add_noise(
                     x0, world.noise_batch([(s.seed, c + 1, k + 1) for s in states], n), sched.sigmas[k + 1]
                 )
+        x0 = world.canonical(x0)
         world.context(x0, index, acts)
         if pending is not None:  # the previous chunk's frames: wait for them only now
             out = pending()

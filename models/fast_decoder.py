@@ -68,6 +68,10 @@ PHASE_CHANNELS = 4  # tile-aligned latents: cos, sin of the x phase, then of the
 SPRITE_CHANNELS = 3  # sprite mode: the sprite's centre x, y from the frame's centre, its state
 SPRITE_SCALE = 4.0  # view pixels per unit of the sprite's raw position channels
 SPRITE_REACH = 8  # view pixels from its centre within which the sprite is drawn
+# A generated cell whose pixels in view vary less than this (std, [-1, 1] units, worst channel)
+# is a flat tile to `canonical` and is snapped to the palette; a cell holding part of a creature
+# varies far more (see the model card's snap measurements).
+SNAP_STD = 0.1
 
 
 @dataclass
@@ -87,6 +91,8 @@ class FastAEConfig:
     latents_std: list[float] = field(default_factory=list)  # per channel; [] = 1 (set after training)
     frame_size: int = 0  # > 0: tile-aligned latents of frames this many px square (module docstring)
     sprite: bool = False  # tile-aligned mode: one sprite drawn in view coordinates, not in cells
+    # tile-aligned mode: the terrain's flat tile colours (RGB 0-255) that `canonical` snaps to
+    palette: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         levels = int(math.log2(self.spatial))
@@ -111,8 +117,10 @@ class FastAEConfig:
                 raise ValueError(
                     f"tile-aligned latents need more than {PHASE_CHANNELS + self.sprite_channels} channels"
                 )
-        elif self.sprite:
-            raise ValueError("a sprite layer needs tile-aligned latents (frame_size > 0)")
+        elif self.sprite or self.palette:
+            raise ValueError("a sprite layer or a palette needs tile-aligned latents (frame_size > 0)")
+        if any(len(c) != 3 or not all(0 <= v <= 255 for v in c) for c in self.palette):
+            raise ValueError("palette colours are RGB triples in 0..255")
 
     @property
     def margin_cells(self) -> int:
@@ -590,7 +598,8 @@ class FastAutoencoder(nn.Module):
         """A generated chunk (normalised latents (B, C, n, h, w)) as it enters the history: moved
         onto the anchor of its own last frame (whole cells shifted, the vacated far-margin cells
         filled as `fill_cell`), phases set exactly to what they read as (the decoder crops there),
-        so it decodes to the same frames. Plain latents are returned as they are."""
+        so it decodes to the same frames; with a palette, flat cells snapped to it (`snap_cells`).
+        Plain latents are returned as they are."""
         cfg = self.cfg
         if not cfg.frame_size:
             return z
@@ -602,15 +611,42 @@ class FastAutoencoder(nn.Module):
         d = torch.div(phase.view(b, n, 2)[:, -1], s, rounding_mode="floor")  # (B, 2) tiles moved
         d = d.repeat_interleave(n, dim=0)
         fill = (self.fill_cell() - mean[:k]) / std[:k]
-        parts = [
-            shift_cells(flat[:, :k], d, fill),
-            (phase_channels(phase - s * d, s, (h, w)).to(z.dtype) - mean[ph]) / std[ph],
-        ]
+        cells = shift_cells(flat[:, :k], d, fill)
+        if cfg.palette:
+            raw = self.snap_cells(cells * std[:k] + mean[:k], phase - s * d + 2 * s)
+            cells = (raw - mean[:k]) / std[:k]
+        parts = [cells, (phase_channels(phase - s * d, s, (h, w)).to(z.dtype) - mean[ph]) / std[ph]]
         if cfg.sprite:
             centre, state = read_sprite(flat[:, sp] * std[sp] + mean[sp], cfg.frame_size)
             raw = sprite_channels(centre, state, cfg.frame_size, (h, w)).to(z.dtype)
             parts.append((raw - mean[sp]) / std[sp])
         return torch.cat(parts, dim=1).view(b, n, -1, h, w).transpose(1, 2)
+
+    def snap_cells(self, cells: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Raw cells (N, k, g, g) of canvases whose view's top-left corner lies at `pos` (N, 2) ->
+        the same, with every cell whose pixels in view are flat (std under `SNAP_STD`) replaced by
+        the code of a cell of the nearest palette colour, as the encoder writes it for that view.
+
+        Why (issue 11): the game's terrain is flat tiles of a few colours, but the model's guess
+        for a cell it cannot know (terrain scrolling into view) is their mean, a grey-blue that
+        then spreads through its history. Snapped, every guess is a tile of the game; cells that
+        hold part of a creature are not flat and are left as they are."""
+        cfg = self.cfg
+        s, g = cfg.spatial, cells.shape[-1]
+        n = cells.shape[0]
+        view = cells.new_zeros(n, 3, cfg.frame_size, cfg.frame_size)
+        cover = place(view, pos, g * s)[:, 3:]  # (N, 1, S, S): 1 where the view is
+        pixels = self.decoder(cells).clamp(-1, 1) * cover
+        count = F.avg_pool2d(cover, s) * s * s  # (N, 1, g, g) view pixels per cell
+        mean = F.avg_pool2d(pixels, s) * s * s / count.clamp(min=1)
+        var = F.avg_pool2d(pixels.square(), s) * s * s / count.clamp(min=1) - mean.square()
+        flat = (count > 0) & (var.clamp(min=0).sqrt().amax(dim=1, keepdim=True) < SNAP_STD)
+        colours = torch.tensor(cfg.palette, dtype=cells.dtype, device=cells.device) / 127.5 - 1  # (K, 3)
+        dist = (mean.permute(0, 2, 3, 1)[..., None, :] - colours).square().sum(-1)  # (N, g, g, K)
+        tile = colours[dist.argmin(-1)].permute(0, 3, 1, 2)  # (N, 3, g, g)
+        drawn = F.interpolate(tile, scale_factor=s, mode="nearest") * cover
+        snapped = self.quant(self.encoder(torch.cat([drawn, cover], dim=1)))
+        return torch.where(flat, snapped, cells)
 
     def encode_float(
         self, video: torch.Tensor, offsets: torch.Tensor | None = None, sprites: torch.Tensor | None = None

@@ -5,6 +5,7 @@
 
 * `init_state(cond)` -> `WorldState`: a row of the model's K/V pool, decoder cache, RNG key, counters;
 * `denoise(x_t, t, index, actions)` -> prediction; reads committed K/V, writes scratch only;
+* `canonical(x0)`: a generated chunk in the form it is shown and kept as history (the decoder's);
 * `context(x0, index, actions)`: the clean pass that leaves the chunk's K/V in scratch;
 * `decode(latents, state)` -> frames and a *new* decoder cache (the old one is untouched).
 
@@ -163,7 +164,7 @@ class World:
         self._denoise_fn = self._eager_denoise
         self._context_fn = self._eager_context
         # Decoders whose latents have a discrete part (tile-aligned anchors and phases) put
-        # generated chunks in their canonical form before they become history.
+        # generated chunks in their canonical form before they are shown and become history.
         self._canonical = getattr(decoder, "canonical", None)
         tcfg = transformer.cfg
         if decoder.latent_channels != tcfg.out_channels:
@@ -478,6 +479,13 @@ class World:
         return self._denoise_fn(x_t, tt, index, self._actions(actions))
 
     @torch.no_grad()
+    def canonical(self, x0: torch.Tensor) -> torch.Tensor:
+        """Generated latents (B, C, n, h, w) in the form they are shown in and kept as history:
+        the decoder's `canonical` where it has one (tile-aligned anchors, phases, palette), else
+        as they are."""
+        return x0 if self._canonical is None else self._canonical(x0)
+
+    @torch.no_grad()
     def context(
         self,
         x0: torch.Tensor,
@@ -485,10 +493,9 @@ class World:
         actions: torch.Tensor | None,
         noise: torch.Tensor | None = None,
     ) -> None:
-        """The clean pass: leaves the chunk's K/V in each entry's scratch slots."""
+        """The clean pass: leaves the chunk's K/V in each entry's scratch slots. A generated x0
+        goes through `canonical` first (the runner does, before it also decodes it)."""
         sigma = self.config.context_noise
-        if self._canonical is not None:
-            x0 = self._canonical(x0)
         x = x0 if sigma == 0 or noise is None else add_noise(x0, noise, sigma)
         tt = torch.full((x0.shape[0],), sigma * self.config.schedule.num_train, device=self.device)
         self._context_fn(x, tt, index, self._actions(actions))

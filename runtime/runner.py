@@ -266,7 +266,7 @@ class Batch:
         return self.denoise() and self.context()
 
     def denoise(self) -> bool:
-        """K denoising forwards; leaves the clean estimate in `x0`."""
+        """K denoising forwards; leaves the clean estimate, in canonical form, in `x0`."""
         w = self.world
         sched = w.config.schedule
         x = self._noise(0)
@@ -288,6 +288,7 @@ class Batch:
         # Read on the host with the frames (no sync here): a chunk whose latents are not finite
         # (an overflowing input, a diverging model) is rolled back instead of poisoning the world.
         self.finite = torch.isfinite(self.x0).flatten(1).all(1)
+        self.x0 = w.canonical(self.x0)  # what is shown is what the history keeps
         self.clock.mark("denoised")
         return True
 

@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--port", type=int, default=8000, help="port; 0 picks a free one (default: %(default)s)"
     )
-    _model_args(serve, repeatable=True)
+    _model_args(serve, repeatable=True, threads=serve_threads())
     serve.add_argument("--max-sessions", type=int, default=16, help="live sessions (default: %(default)s)")
     serve.add_argument(
         "--max-batch", type=int, default=4, help="sessions per engine step (default: %(default)s)"
@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     generate = commands.add_parser("generate", help="one-shot: run a world in-process, write an MP4")
-    _model_args(generate, repeatable=False)
+    _model_args(generate, repeatable=False, threads=None)
     generate.add_argument("--seed", type=int, default=0, help="world seed (default: %(default)s)")
     generate.add_argument(
         "--chunks",
@@ -174,7 +174,16 @@ def _limit_args(serve: argparse.ArgumentParser) -> None:
     )
 
 
-def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
+def serve_threads() -> int:
+    """`serve`'s torch threads when --threads is not given: every core this process may use but
+    one. Why: the engine thread's torch workers otherwise compete with the event loop and the
+    frame encoders; on 2 cores two torch threads made a lockstep tiny-world chunk take 150 ms
+    through the websocket, one thread 85 ms (benchmarks/server_overhead.py --threads 2 vs 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool, threads: int | None) -> None:
     parser.add_argument(
         "--model",
         action="append" if repeatable else "store",
@@ -187,7 +196,17 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool) -> None:
         "--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ..."
     )
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="(default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=threads,
+        help="torch intra-op threads (default: "
+        + (
+            "torch's)"
+            if threads is None
+            else f"{threads}: all cores but one, for the event loop and encoders)"
+        ),
+    )
     parser.add_argument(
         "--decoder", default=None, help="taehv:PATH: decode with TAEHV (taew2_1) weights from a local file"
     )

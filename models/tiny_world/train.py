@@ -1028,7 +1028,9 @@ class Trainer:
                     return tensors, tensors.pop("blurred", None)
         first = c.world_seed_base + c.episodes
         seeds = list(range(first, first + c.sf_focus_episodes))
-        eps = make_episodes(seeds, c.episode_frames, SIZE, progress=self.progress, policy=FOCUS_POLICY)
+        eps = make_episodes(
+            seeds, c.episode_frames, SIZE, progress=self.progress, policy=FOCUS_POLICY, layers=c.ae_sprite
+        )
         tensors = self.encode_episodes(eps)
         if blur:
             tensors["blurred"] = self.encode_blurred(eps, torch.Generator().manual_seed(c.seed + 5_000_011))

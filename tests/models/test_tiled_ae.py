@@ -144,12 +144,11 @@ def test_streaming_decoder_and_world_use_the_canvas_grid():
     cfg.width = cfg.height = 32
     world = World(cfg, CausalWan(dit_config(8)), dec, start_image=None)
     assert world.latent_shape == (8, 8, 8)
-    # The clean pass writes the history from the snapped chunk.
-    seen = []
-    world._context_fn = lambda x, *rest: seen.append(x)
+    # A generated chunk is snapped by the decoder's canonical form (the runner then shows it and
+    # writes the history from it).
     noisy = z[None] + 0.2 * torch.randn(1, *z.shape, generator=torch.Generator().manual_seed(0))
-    world.context(noisy, index=None, actions=None)
-    assert torch.equal(seen[0], dec.canonical(noisy)) and not torch.equal(seen[0], noisy)
+    snapped = world.canonical(noisy)
+    assert torch.equal(snapped, dec.canonical(noisy)) and not torch.equal(snapped, noisy)
 
 
 def test_config_validation():
@@ -172,6 +171,12 @@ def test_config_validation():
         and sprite.sprite_slice == slice(8, 11)
     )
     assert FastAEConfig.from_dict(FastAEConfig(**TILED).to_dict()) == FastAEConfig(**TILED)
+    with pytest.raises(ValueError, match="palette needs tile-aligned"):
+        FastAEConfig(latent_channels=4, palette=[[0, 0, 0]])
+    with pytest.raises(ValueError, match="RGB triples"):
+        FastAEConfig(**TILED, palette=[[0, 0, 256]])
+    with pytest.raises(ValueError, match="RGB triples"):
+        FastAEConfig(**TILED, palette=[[0, 0]])
 
 
 @torch.no_grad()
@@ -345,3 +350,68 @@ def test_a_sprited_frame_encodes_its_sprite_and_draws_it_over_the_cells():
         rtol=0,
         atol=1e-5,
     )
+
+
+@torch.no_grad()
+def test_canonical_snaps_flat_cells_to_the_palette_and_keeps_creatures():
+    """The shipped autoencoder (tile-aligned, with the game's palette): a cell the model can only
+    guess, drawn as the mean of the terrain's codes, is not a colour of the game; `canonical`
+    makes it the nearest palette tile. Cells of real terrain decode as before, and a creature,
+    which no flat tile holds, stays."""
+    from models.registry import load_world
+    from models.tiny_world import WEIGHTS_DIR
+
+    dec = load_world(WEIGHTS_DIR).decoder
+    ae, cfg = dec.ae, dec.ae.cfg
+    assert cfg.palette and cfg.sprite
+    game = Game(GameConfig(size=64))
+    red = np.array(GameConfig().palette.creature)
+    frames = (game.reset(seed) for seed in range(1_000_000, 1_000_200))
+    frame = next(f for f in frames if (f == red).all(-1).sum() >= 12)  # a start frame with a creature
+    z = dec.encode(frame[None])  # (C, 1, 12, 12), the frame on its own anchor (phase in [0, 8))
+    k = cfg.cell_channels
+    ph = cfg.phase_slice
+    ox, oy = read_phase((z[ph, 0] * ae.latents_std[ph, 0] + ae.latents_mean[ph, 0])[None], 8)[0].tolist()
+    creature = ((frame == red).all(-1)).astype(np.float32)  # (64, 64)
+    # Cells whose pixels hold any creature, in canvas cells (the view sits at 16 + phase).
+    canvas = np.zeros((96, 96), np.float32)
+    canvas[16 + oy : 80 + oy, 16 + ox : 80 + ox] = creature
+    has_creature = canvas.reshape(12, 8, 12, 8).max(axis=(1, 3)) > 0
+    guess = np.zeros((12, 12), bool)
+    guess[3:5, 3:9] = True  # two rows of whole cells in view, above the player's reach ...
+    guess &= ~has_creature  # ... without the creature
+    assert guess.sum() >= 8
+    g = torch.from_numpy(guess)
+    mean_code = z[:k, 0, 3:9, 3:9].mean(dim=(1, 2))  # the mean of the view's terrain codes
+    guessed = z.clone()
+    guessed[:k, 0, g] = mean_code[:, None]
+    palette = np.array(cfg.palette)
+
+    def cells_of(img: np.ndarray) -> np.ndarray:  # (64, 64, 3) view -> (12, 12, 8, 8, 3) canvas cells
+        c = np.zeros((96, 96, 3), np.int32)
+        c[16 + oy : 80 + oy, 16 + ox : 80 + ox] = img
+        return c.reshape(12, 8, 12, 8, 3).transpose(0, 2, 1, 3, 4)
+
+    def off_palette(img: np.ndarray) -> np.ndarray:  # per cell: pixels further than 3 from every colour
+        px = cells_of(img)[guess].reshape(-1, 1, 3)
+        return (np.abs(px - palette[None]).max(-1).min(-1) > 3).reshape(guess.sum(), -1).mean(-1)
+
+    before = dec.decode(guessed, dec.init_cache())[0][-1].numpy()
+    assert off_palette(before).min() > 0.5  # the mean guess is no colour of the game
+    snapped = ae.canonical(guessed[None])[0]
+    after = dec.decode(snapped, dec.init_cache())[0][-1].numpy()
+    assert off_palette(after).max() == 0  # every guessed cell is now one of its tiles
+    untouched = ~guess & ~has_creature
+    view = cells_of(np.ones((64, 64, 3), np.int32))[..., 0].reshape(12, 12, 64).all(-1) & untouched
+    orig = dec.decode(z, dec.init_cache())[0][-1].numpy()
+    err = np.abs(cells_of(after)[view] - cells_of(orig)[view]).max()
+    assert err <= 3  # real terrain snaps to itself
+
+    def reddish(img: np.ndarray) -> int:
+        return int(((img[..., 0] > 150) & (img[..., 1] < 100)).sum())
+
+    assert reddish(orig) >= 12 and reddish(after) >= 0.8 * reddish(orig)
+    # Without a palette canonical leaves the cells alone.
+    plain = FastAutoencoder(FastAEConfig.from_dict({**cfg.to_dict(), "palette": []}))
+    plain.load_state_dict(ae.state_dict())
+    torch.testing.assert_close(plain.canonical(guessed[None])[0][:k], guessed[:k])

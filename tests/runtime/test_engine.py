@@ -7,13 +7,14 @@ import gc
 
 import numpy as np
 import pytest
+import torch
 
 from models.actions import FrameAction
 from models.world import Conditioning
 from runtime.engine import Engine
 from runtime.errors import CapacityError, InvalidRequest, StreamNotFound
 from runtime.requests import ChunkCancelled, ChunkCommitted, ChunkFailed, ChunkRequest, DebugHooks
-from tests.runtime.conftest import assert_same_snapshot, committed, keys, run_chunk, snapshot
+from tests.runtime.conftest import assert_same_snapshot, committed, keys, run_chunk, small_world, snapshot
 
 SCRIPT = [keys("w"), keys("d"), keys("a", "space"), keys()]
 BOUNDARIES = ["denoise:0", "denoise:1", "denoise:2", "denoise:3", "context", "decode", "commit"]
@@ -419,3 +420,30 @@ def test_timings_are_reported(world):
     t = committed(e, "s").timings.as_dict()
     assert set(t) == {"queue", "denoise", "context", "decode", "total"}
     assert t["total"] >= t["denoise"] > 0
+
+
+def test_the_frames_shown_are_the_canonical_latents_the_history_keeps():
+    """`World.canonical` runs once on a generated chunk, and the clean pass and the decode both
+    get its result (a tile-aligned world snaps its chunks: what is shown is what it remembers)."""
+    w = small_world()
+    seen: dict[str, list[torch.Tensor]] = {"in": [], "ctx": []}
+
+    def canonical(x0: torch.Tensor) -> torch.Tensor:
+        seen["in"].append(x0.clone())
+        return torch.zeros_like(x0)
+
+    ctx = w.context
+
+    def context(x0: torch.Tensor, *args, **kwargs) -> None:
+        seen["ctx"].append(x0.clone())
+        ctx(x0, *args, **kwargs)
+
+    w._canonical = canonical
+    w.context = context  # type: ignore[method-assign]
+    e = make_engine(w)
+    e.add_stream("s", "tiny", Conditioning(seed=7))
+    frames = committed(e, "s", keys("d")).frames
+    assert len(seen["in"]) == 1 and seen["in"][0].abs().sum() > 0
+    assert len(seen["ctx"]) == 1 and not seen["ctx"][0].any()
+    want, _ = w.decoder.decode(torch.zeros_like(seen["in"][0][0]), w.decoder.init_cache())
+    assert np.array_equal(frames, want.numpy())

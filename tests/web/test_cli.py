@@ -291,3 +291,11 @@ def test_sigterm_drains_briefly_and_tells_every_session() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_serve_leaves_a_core_for_the_event_loop_and_the_encoders(monkeypatch) -> None:
+    for cores, threads in (({0, 1}, 1), (set(range(16)), 15), ({3}, 1)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, c=cores: c, raising=False)
+        assert cli._parser().parse_args(["serve"]).threads == threads
+    assert cli._parser().parse_args(["serve", "--threads", "2"]).threads == 2
+    assert cli._parser().parse_args(["generate", "--out", "x.mp4"]).threads is None  # torch's own

@@ -114,7 +114,7 @@ def decode_all(encoder: H264Encoder, frames: np.ndarray) -> tuple[np.ndarray, in
 
 
 def test_h264_keeps_the_default_worlds_pixel_art(tiny_world_frames: np.ndarray) -> None:
-    # 4:2:0 chroma at 64x64 smears pixel-art colour edges (28.5 dB at CRF 18); the session
+    # 4:2:0 chroma at 64x64 smears pixel-art colour edges (about 31 dB at CRF 18); the session
     # encoder codes an upscaled frame instead, at no more than twice the bytes.
     frames = tiny_world_frames
     assert frames.shape == (32, 64, 64, 3)
@@ -126,7 +126,7 @@ def test_h264_keeps_the_default_worlds_pixel_art(tiny_world_frames: np.ndarray) 
     old_db = np.mean([psnr(a, b) for a, b in zip(frames, old, strict=True)])
     new_db = np.mean([psnr(a, b) for a, b in zip(frames, new, strict=True)])
     worst = min(psnr(a, b) for a, b in zip(frames, new, strict=True))
-    assert old_db < 30 and new_db >= 35 and worst >= 35, (old_db, new_db, worst)
+    assert old_db < 33 and new_db >= old_db + 10 and worst >= 35, (old_db, new_db, worst)
     assert new_bytes <= 2 * old_bytes, (new_bytes, old_bytes)
     assert encoder.info == m.CodecInfo(name="h264", codec="avc1.42c00a", scale=2)  # 128x128 coded
 

@@ -71,7 +71,7 @@ def test_python_example_runs_as_written(address: str, index: int) -> None:
 
 def test_the_default_world_commands_run_as_written(tmp_path: Path) -> None:
     (block,) = [b for b in blocks("bash") if "python -m models.game" in b]
-    lines = [line.split("  #")[0].strip() for line in block.splitlines()]
+    lines = [line.split("  #")[0].strip() for line in block.replace("\\\n", " ").splitlines()]
     commands = [line for line in lines if line and ".train" not in line]  # retraining takes an hour
     assert len(commands) == 2
     for command in commands:

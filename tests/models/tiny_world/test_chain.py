@@ -16,7 +16,8 @@ from tests.models.tiny_world.test_train_cli import train_tiny
 def _clip(world, n_chunks: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     f = 1 + n_chunks * world.chunk_frames
-    x0 = torch.randn(2, 8, f, 8, 8, generator=gen)
+    c, h, w = world.latent_shape
+    x0 = torch.randn(2, c, f, h, w, generator=gen)
     actions = (torch.rand(2, f, 1, world.action_space.width, generator=gen) > 0.7).float()
     actions[:, 0] = 0.0
     return x0, actions

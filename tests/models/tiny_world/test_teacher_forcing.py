@@ -141,7 +141,9 @@ def test_self_forced_history_is_the_engines_rollout(sink, tmp_path):
     x0[0, :, :1] = start
     actions = torch.from_numpy(action_rows(script))[None, :, None]
     noise = lambda j, k: world.noise(seed, j + 1, k, chunk)[None]  # noqa: E731 (chunk 0: the prefill)
-    lat = rollout_history(world.transformer, x0, actions, world.config.schedule, torch.Generator(), noise)
+    sched = world.config.schedule
+    gen = torch.Generator()
+    lat = rollout_history(world.transformer, x0, actions, sched, gen, noise, canonical=world.canonical)
     mine, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
     assert np.abs(mine.numpy().astype(int) - served.astype(int)).max() <= 1
 
@@ -152,7 +154,7 @@ def test_rollout_history_from_a_later_chunk_keeps_the_given_history():
 
     world = from_name("tiny-world")
     gen = torch.Generator().manual_seed(0)
-    x0 = torch.randn(1, 8, 9, 8, 8, generator=gen)
+    x0 = torch.randn(1, 9, *world.latent_shape, generator=gen).transpose(1, 2)  # (1, C, 9, h, w)
     actions = torch.zeros(1, 9, 1, world.action_space.width)
     sched = world.config.schedule
     kept = rollout_history(world.transformer, x0, actions, sched, torch.Generator().manual_seed(1), first=1)
@@ -180,7 +182,8 @@ def test_rollout_history_leaves_a_serving_cache_as_it_was():
         frames = []
         for j, keys in enumerate(["d", "s", "a"]):
             if interrupt and j == 2:
-                x0 = torch.randn(2, 8, 9, 8, 8, generator=torch.Generator().manual_seed(0))
+                x0 = torch.randn(2, 9, *world.latent_shape, generator=torch.Generator().manual_seed(0))
+                x0 = x0.transpose(1, 2)  # (2, C, 9, h, w)
                 acts = torch.zeros(2, 9, 1, world.action_space.width)
                 rollout_history(world.transformer, x0, acts, world.config.schedule, torch.Generator())
             acts = [FrameAction(frozenset({keys}))] * world.chunk_frames
@@ -205,10 +208,11 @@ def test_onestep_history_is_each_chunk_generated_from_the_truth():
     world = from_name("tiny-world")
     dit, chunk = world.transformer, world.chunk_frames
     gen = torch.Generator().manual_seed(0)
-    x0 = torch.randn(2, dit.cfg.in_channels, 1 + 3 * chunk, 8, 8, generator=gen)
+    c, h, w = world.latent_shape
+    x0 = torch.randn(2, c, 1 + 3 * chunk, h, w, generator=gen)
     actions = torch.zeros(2, x0.shape[2], 1, SPACE.width)
     actions[:, 1:, 0, KEYS.index("d")] = 1.0
-    shape = (2, x0.shape[1], chunk, 8, 8)
+    shape = (2, c, chunk, h, w)
     table = {(j, k): torch.randn(shape, generator=gen) for j in range(3) for k in range(4)}
     noise = lambda j, k: table[(j, k)]  # noqa: E731
     sched = world.config.schedule
