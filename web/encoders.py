@@ -12,8 +12,8 @@ parallelism. Frames in are (T, H, W, 3) uint8 RGB, committed frames only.
   asks for another (on request, after a drop). ``codec_string`` is the WebCodecs
   ``avc1.PPCCLL`` read from the SPS the encoder writes. Small worlds are coded upscaled
   (:func:`h264_settings`): 4:2:0 chroma at 64x64 halves the colour resolution of pixel art
-  (28.6 dB on tiny-world); coded at 2x with each pixel's colour in its own chroma sample
-  (web.yuv) it is 48.2 dB at 0.83x the bytes (benchmarks/h264_small.py). ``ready.codec.scale``
+  (28.2 dB on tiny-world); coded at 2x with each pixel's colour in its own chroma sample
+  (web.yuv) it is 48.1 dB at 0.82x the bytes (benchmarks/h264_small.py). ``ready.codec.scale``
   tells the client, whose decoder averages each scale x scale block back to the model's size.
 * JPEG: Pillow (libjpeg-turbo); measured faster than PyAV's mjpeg (0.06 vs 0.08 ms at 64x64,
   0.69 vs 1.21 ms at 640x360, one thread). Every frame is a keyframe.
@@ -66,8 +66,8 @@ _START_CODE = re.compile(b"\x00\x00\x01")
 # Worlds whose shorter side is below this many pixels are coded upscaled (see h264_settings).
 H264_MIN_SIDE = 128
 # CRF per coding scale: an upscaled frame is flat in each block, so it holds its quality with
-# fewer bits per pixel; at 2x, CRF 21 is 0.83x the bytes of the unscaled CRF-18 stream (the
-# limit we set is 2x; 1.37x on the previous tiny-world's softer frames) for 48.2 dB
+# fewer bits per pixel; at 2x, CRF 21 is 0.82x the bytes of the unscaled CRF-18 stream (the
+# limit we set is 2x; 1.37x on the previous tiny-world's softer frames) for 48.1 dB
 # (benchmarks/h264_small.py).
 H264_CRF = {1: 18, 2: 21, 4: 26}
 
