@@ -633,9 +633,8 @@ class FastAutoencoder(nn.Module):
         hold part of a creature are not flat and are left as they are."""
         cfg = self.cfg
         s, g = cfg.spatial, cells.shape[-1]
-        n = cells.shape[0]
-        view = cells.new_zeros(n, 3, cfg.frame_size, cfg.frame_size)
-        cover = place(view, pos, g * s)[:, 3:]  # (N, 1, S, S): 1 where the view is
+        view = cells.new_ones(cells.shape[0], 1, cfg.frame_size, cfg.frame_size)
+        cover = paste(view, pos, g * s)  # (N, 1, S, S): 1 where the view is
         pixels = self.decoder(cells).clamp(-1, 1) * cover
         count = F.avg_pool2d(cover, s) * s * s  # (N, 1, g, g) view pixels per cell
         mean = F.avg_pool2d(pixels, s) * s * s / count.clamp(min=1)
