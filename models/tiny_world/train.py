@@ -56,7 +56,10 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              `sf_chain`: a loss on fresh clips' own rollouts whose gradient reaches back through
              `sf_chain_depth` chunks of the generated history (`chain_history`).
              `sf_sprite_jitter` (sprite layer): half the clips see their history's sprite moved
-             off the game's place by up to that many px, so the rule, not the history, places it.
+             off the game's place by up to that many px, so the rule, not the history, places it;
+             with `sf_jitter_centred` only along the axes where the game's camera keeps the
+             player at the view's centre throughout the clip (not at the world's border, where
+             the camera stops and the history's off-centre place is the rule).
     export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
@@ -85,7 +88,7 @@ from torch import nn
 from tqdm import tqdm
 
 from models.causal_wan import CausalWan, frame_attention_mask
-from models.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDecoder
+from models.fast_decoder import SPRITE_SCALE, FastAEConfig, FastAutoencoder, FastStreamingDecoder
 from models.game import Game, GameConfig, GameError, random_policy
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise
@@ -155,6 +158,8 @@ class TrainConfig:
     sf_chain_clips: int = 4  # clips per step rolled out for the chain loss
     sf_chain_depth: int = 2  # chunks of generated history the chain loss's gradient reaches through
     sf_sprite_jitter: int = 0  # sprite layer: half the clips' history has its sprite moved up to this many px
+    sf_jitter_centred: bool = False  # move it only along axes where the game keeps the player centred
+    sf_place_weight: float = 1.0  # tile-aligned latents: sf loss weight of the phase and sprite channels
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -458,6 +463,19 @@ def valid_latent_mask(valid: torch.Tensor, patch: int) -> torch.Tensor:
 def idle_clips(actions: torch.Tensor) -> torch.Tensor:
     """(B,) bool: which clips of action rows (B, F, 1, width) hold no key after their start frame."""
     return actions[:, 1:].flatten(1).abs().sum(1) == 0
+
+
+def channel_weights(ae: FastAEConfig, place: float) -> torch.Tensor:
+    """(C,) flow-loss weight of each latent channel: `place` for tile-aligned latents' phase and
+    sprite channels, 1 for the rest. Those channels are a few numbers that every cell repeats; a
+    small error in them moves the whole view or the player (the model's pull of an off-centre
+    player toward the centre, its slow scroll), where the same error in a cell's code is a faint
+    change of one tile, so they weigh more."""
+    w = torch.ones(ae.latent_channels)
+    if ae.frame_size:
+        w[ae.phase_slice] = place
+        w[ae.sprite_slice] = place  # empty without a sprite layer
+    return w
 
 
 def sample_sigmas(
@@ -1172,6 +1190,8 @@ class Trainer:
             raise SystemExit(f"tile-aligned latents do not support {[k for k, v in tiled_off.items() if v]}")
         if c.sf_sprite_jitter and not self.ae.cfg.sprite:
             raise SystemExit("--sf-sprite-jitter needs a sprite layer (--ae-sprite true)")
+        if c.sf_jitter_centred and players is None:
+            raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
         if c.sf_target == "own" and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
         sched = world_config().schedule
@@ -1216,7 +1236,10 @@ class Trainer:
                 # No key in the clip: the game's frames stay the right targets whatever the model's
                 # own history drifted to, so its rollout can be corrected back toward them.
                 idle = idle_clips(a) & (torch.rand(b, generator=self.gen) < c.sf_self_idle) & ~own
-            hist, warp = self.degraded_history(x0, a, e, idx, ~(own | idle), blurred, lat, cams)
+            centred = None
+            if c.sf_jitter_centred:
+                centred = (players[e[:, None], idx].float() - SIZE / 2).abs().amax(dim=1) < 0.5  # (B, 2)
+            hist, warp = self.degraded_history(x0, a, e, idx, ~(own | idle), blurred, lat, cams, centred)
             if own.any():
                 # Rolled out from the ground truth `lead` frames before the clip, then cut to it.
                 sel = own.numpy()
@@ -1336,6 +1359,7 @@ class Trainer:
         blurred: torch.Tensor | None,
         lat: torch.Tensor,
         cams: torch.Tensor | None,
+        centred: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The clean history of clips `x0` (B, C, F, h, w) (episodes `e`, frames `idx`, action rows
         `a`), degraded as the model's own rollout degrades it, for `eligible` clips only. Returns
@@ -1350,7 +1374,9 @@ class Trainer:
           keys and not the history's apparent speed must carry the motion;
         * sprite moved (`sf_sprite_jitter`, half the eligible clips): every history frame's
           sprite, the start frame's too, one offset of up to that many px off the game's place,
-          so the game's rule and not the history must place the sprite (it drifts otherwise)."""
+          so the game's rule and not the history must place the sprite (it drifts otherwise);
+          given `centred` (B, 2) bool, only along the axes where the game keeps the player at
+          the view's centre (elsewhere the camera is clamped and the history's place is right)."""
         c, b, f = self.cfg, x0.shape[0], x0.shape[2]
         hist = self.clip_latents(lat, cams, e, idx)[1]
         if blurred is not None:
@@ -1378,6 +1404,8 @@ class Trainer:
             moved = (torch.rand(b, generator=self.gen) < 0.5) & eligible
             j = c.sf_sprite_jitter
             d = torch.randint(-j, j + 1, (b, 2), generator=self.gen) / SPRITE_SCALE  # raw channel units
+            if centred is not None:
+                d = torch.where(centred, d, 0.0)
             xy = self.ae.cfg.sprite_slice.start + torch.arange(2)
             std = self.ae.latents_std[xy, 0, 0, 0]
             hist[:, xy] += torch.where(moved[:, None], d / std, 0.0)[:, :, None, None, None]
@@ -1508,6 +1536,8 @@ class Trainer:
         text = [dit.text_kv(dit.null_text("cpu", torch.float32))] * b
         pred = dit.forward_dense(seq, t, text, mask, seq_a, positions)[:, :, f:]
         err = (pred - (eps_n - x0[:, :, 1:])).pow(2)
+        if self.stage == "sf" and c.sf_place_weight != 1.0:
+            err = err * channel_weights(self.ae.cfg, c.sf_place_weight)[None, :, None, None, None]
         if c.loss_weight == "x0":
             err = err * sig_n_f[:, None, :, None, None].pow(2)
         if weight is None:

@@ -16,12 +16,20 @@ from safetensors.torch import load_file
 
 from models.fast_decoder import read_phase, read_sprite
 from models.registry import load_world
-from models.tiny_world import start_image
+from models.tiny_world import ae_config, start_image
 from models.tiny_world.data import action_rows
-from models.tiny_world.train import TrainConfig, Trainer, chunk_anchors, rollout_history
+from models.tiny_world.train import TrainConfig, Trainer, channel_weights, chunk_anchors, rollout_history
 from models.world import Conditioning
 from tests.models.tiny_world.test_teacher_forcing import serve_random_policy
 from tests.models.tiny_world.test_train_cli import train_tiny
+
+
+def test_channel_weights_weigh_the_phase_and_sprite_channels_only():
+    tiled = ae_config(tiled=True, sprite=True)
+    w = channel_weights(tiled, 10.0)
+    assert w.tolist() == [1.0] * tiled.cell_channels + [10.0] * 7  # 4 phase, 3 sprite channels
+    assert channel_weights(ae_config(tiled=True), 10.0).tolist()[-4:] == [10.0] * 4
+    assert channel_weights(ae_config(), 10.0).eq(1.0).all()  # plain latents: no such channels
 
 
 def test_chunk_anchors_put_targets_on_the_chunk_before_and_history_on_its_own_last_frame():
@@ -131,3 +139,12 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
     assert px.abs().max() <= 4 and (px == px[:, :, :1]).all()  # one offset per clip, every frame
     moved = px.abs().amax(dim=(1, 2, 3, 4)) > 0
     assert not moved[~eligible].any() and 6 <= moved[eligible].sum() <= 18
+
+    # With `centred` (the axes where the game keeps the player at the view's centre), the sprite
+    # moves only along those: at the world's border the history's off-centre place is the game's.
+    centred = torch.stack([torch.arange(b) % 2 == 0, torch.arange(b) % 3 == 0], dim=1)
+    hist, _ = trainer.degraded_history(
+        clean, torch.zeros(b, 5, 1, 6), e, idx, eligible, None, lat, data["cameras"], centred
+    )
+    shift = ((hist[:, 12:14] - clean[:, 12:14]) * 4).abs().amax(dim=(2, 3, 4))  # (B, 2) px
+    assert not shift[~centred].any() and shift[centred & eligible[:, None]].any()
