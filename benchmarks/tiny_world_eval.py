@@ -304,9 +304,10 @@ def minute_rollouts(
     engine: Engine, model_id: str, n_seeds: int, n_frames: int, batch: int
 ) -> tuple[dict, tuple]:
     """`n_frames` under three policies (idle, held keys, random), `n_seeds` worlds each: the share
-    of frames showing exactly one player sprite within 2 px of the game's, and for idle how close
-    the last frame stays to the game's. Returns (results, (game frames, model frames) of the
-    first random-policy rollout, for the video)."""
+    of frames showing exactly one player sprite within 2 px of the game's, also split by where the
+    game has the player (at the view's centre, or off it because the camera stops at the world's
+    border), and for idle how close the last frame stays to the game's. Returns (results, (game
+    frames, model frames) of the first random-policy rollout, for the video)."""
     seeds = [EVAL_SEED_BASE + 30000 + i for i in range(n_seeds)]
     policies = {
         "idle": lambda s: [frozenset()] * n_frames,
@@ -314,7 +315,7 @@ def minute_rollouts(
         "random": lambda s: random_policy(s, n_frames),
     }
     out: dict = {"seeds": seeds, "frames": n_frames}
-    ok_all, video = [], None
+    ok_all, centred_all, video = [], [], None
     for name, policy in policies.items():
         scripts = [policy(s) for s in seeds]
         frames, nan = batched(engine, model_id, seeds, scripts, batch)
@@ -324,7 +325,9 @@ def minute_rollouts(
             one = np.array([sprite_count(x) == 1 for x in f[1:]])
             ok.append(one & (position_errors(f[1:], sim.player_pos[1:]) <= 2.0))
         ok = np.stack(ok)  # (S, N)
+        centred = np.stack([np.abs(s.player_pos[1:] - s.frames.shape[2] / 2).max(axis=1) < 0.5 for s in sims])
         ok_all.append(ok)
+        centred_all.append(centred)
         last = [float(psnr(f[-1], sim.frames[-1])) for f, sim in zip(frames, sims, strict=True)]
         out[name] = {
             "player_ok_fraction": float(ok.mean()),
@@ -338,7 +341,11 @@ def minute_rollouts(
         }
         if name == "random":
             video = (sims[0].frames, frames[0])
-    out["player_ok_fraction"] = float(np.concatenate(ok_all).mean())
+    ok, centred = np.concatenate(ok_all), np.concatenate(centred_all)
+    out["player_ok_fraction"] = float(ok.mean())
+    out["game_player_off_centre_fraction"] = float(1.0 - centred.mean())
+    out["player_ok_where_game_centred"] = float(ok[centred].mean()) if centred.any() else None
+    out["player_ok_where_game_off_centre"] = float(ok[~centred].mean()) if (~centred).any() else None
     return out, video
 
 

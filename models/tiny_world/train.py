@@ -18,8 +18,9 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              does, with RoPE positions shared by both copies. Every chunk draws its own noise
              level (diffusion-forcing style); the clean copies get a small random noise level of
              their own (noisy-history augmentation, served as `context_noise`). EMA weights ship.
-    sf       the second DiT stage (`sf_steps` > 0; the shipped run: 500 steps of blurred history).
-             The EMA weights of `dit` restart training with a fresh optimiser and RNGs of their
+    sf       the second DiT stage (`sf_steps` > 0; the shipped run: 250 steps with the history's
+             sprite moved, `sf_sprite_jitter`, and no blur). The EMA weights of `dit` restart
+             training with a fresh optimiser and RNGs of their
              own, teacher-forced as in `dit`, but with `sf_blur` a share of the clips see their
              history frames after the start frame blurred (a Gaussian of sigma up to
              `sf_blur_max` px, optionally colour-shifted by `sf_jitter`, re-encoded: DIR/
@@ -59,7 +60,9 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              off the game's place by up to that many px, so the rule, not the history, places it;
              with `sf_jitter_centred` only along the axes where the game's camera keeps the
              player at the view's centre throughout the clip (not at the world's border, where
-             the camera stops and the history's off-centre place is the rule).
+             the camera stops and the history's off-centre place is the rule). `sf_off_centre`:
+             a share of the clips starts on a frame where the game's player is off the view's
+             centre (the camera stopped at the world's border; `off_centre_starts`).
     export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
@@ -88,7 +91,7 @@ from torch import nn
 from tqdm import tqdm
 
 from models.causal_wan import CausalWan, frame_attention_mask
-from models.fast_decoder import SPRITE_SCALE, FastAEConfig, FastAutoencoder, FastStreamingDecoder
+from models.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDecoder
 from models.game import Game, GameConfig, GameError, random_policy
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise
@@ -106,7 +109,8 @@ ANCHOR_MIN_PSNR = 15.0
 
 @dataclass
 class TrainConfig:
-    """Everything that shapes a training run (recorded in the checkpoint and the model card)."""
+    """Everything that shapes a training run (recorded in the checkpoint and the model card).
+    The defaults are the shipped model's recipe (MODEL_CARD.md)."""
 
     seed: int = 0  # torch / numpy seed of the whole run
     episodes: int = 640  # training worlds: seeds world_seed_base .. + episodes - 1
@@ -118,10 +122,10 @@ class TrainConfig:
     ae_lr: float = 2e-3  # peak AdamW learning rate (cosine decay to 5%)
     ae_latent_noise: float = 0.2  # max latent noise during AE training, relative to the latent std
     ae_l2: float = 1e-4  # weight of mean(z^2), pins the latent scale
-    ae_tiled: bool = False  # tile-aligned latents (`ae_config(tiled=True)`), phases from the game's camera
-    ae_sprite: bool = False  # with ae_tiled: the player and its ring drawn in view coordinates, not in cells
+    ae_tiled: bool = True  # tile-aligned latents (`ae_config(tiled=True)`), phases from the game's camera
+    ae_sprite: bool = True  # with ae_tiled: the player and its ring drawn in view coordinates, not in cells
     # DiT
-    dit_steps: int = 3600  # optimiser steps
+    dit_steps: int = 2000  # optimiser steps
     dit_batch: int = 8  # clips per step
     dit_lr: float = 1e-3  # peak AdamW learning rate (cosine decay to 5%)
     clip_chunks: int = 4  # noisy chunks per training clip (clip = 1 + clip_chunks * chunk_frames)
@@ -130,7 +134,7 @@ class TrainConfig:
     loss_weight: str = "flow"  # "flow": MSE on noise - x0; "x0": the same weighted by sigma^2 (x0 error)
     ema: float = 0.999  # EMA decay of the shipped DiT weights
     # self-forced second stage (0 steps: none)
-    sf_steps: int = 500  # optimiser steps (0: no second stage)
+    sf_steps: int = 250  # optimiser steps (0: no second stage)
     sf_batch: int = 8  # clips per step
     sf_lr: float = 3e-4  # peak AdamW learning rate (cosine decay to 5%)
     sf_warmup: int = 50  # linear warm-up steps
@@ -140,7 +144,7 @@ class TrainConfig:
     sf_mask: bool = False  # self-rolled clips: loss only on latents seen in the start frame
     sf_target: str = "game"  # self-rolled clips' targets: "game", "own" (own_world_targets) or "anchor"
     sf_snap: bool = False  # "own" targets redrawn as flat tiles on the game's grid (snap_to_tiles)
-    sf_blur: float = 0.5  # share of non-self-rolled clips whose history frames after the start are blurred
+    sf_blur: float = 0.0  # share of non-self-rolled clips whose history frames after the start are blurred
     sf_blur_max: float = 2.0  # largest Gaussian blur sigma (frame pixels) of those history frames
     sf_onestep: float = 0.0  # share of the other clips whose history is the model's one-chunk predictions
     sf_adv: float = 0.0  # weight of the adversarial loss on decoded x0 predictions (FrameCritic; 0: off)
@@ -157,9 +161,9 @@ class TrainConfig:
     sf_chain: float = 0.0  # weight of the chain loss (`chain_history` vs the game where the start saw)
     sf_chain_clips: int = 4  # clips per step rolled out for the chain loss
     sf_chain_depth: int = 2  # chunks of generated history the chain loss's gradient reaches through
-    sf_sprite_jitter: int = 0  # sprite layer: half the clips' history has its sprite moved up to this many px
+    sf_sprite_jitter: int = 4  # sprite layer: half the clips' history has its sprite moved up to this many px
     sf_jitter_centred: bool = False  # move it only along axes where the game keeps the player centred
-    sf_place_weight: float = 1.0  # tile-aligned latents: sf loss weight of the phase and sprite channels
+    sf_off_centre: float = 0.0  # share of sf clips starting where the game's player is off the view's centre
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -465,17 +469,14 @@ def idle_clips(actions: torch.Tensor) -> torch.Tensor:
     return actions[:, 1:].flatten(1).abs().sum(1) == 0
 
 
-def channel_weights(ae: FastAEConfig, place: float) -> torch.Tensor:
-    """(C,) flow-loss weight of each latent channel: `place` for tile-aligned latents' phase and
-    sprite channels, 1 for the rest. Those channels are a few numbers that every cell repeats; a
-    small error in them moves the whole view or the player (the model's pull of an off-centre
-    player toward the centre, its slow scroll), where the same error in a cell's code is a faint
-    change of one tile, so they weigh more."""
-    w = torch.ones(ae.latent_channels)
-    if ae.frame_size:
-        w[ae.phase_slice] = place
-        w[ae.sprite_slice] = place  # empty without a sprite layer
-    return w
+def off_centre_starts(players: torch.Tensor, first: int, last: int) -> np.ndarray:
+    """(K, 2) (episode, frame) of every frame in [first, last] of episodes whose player's screen
+    positions are `players` (E, N, 2) where the game has the player off the view's centre: the
+    camera has stopped at the world's border."""
+    off = (players[:, first : last + 1].float() - SIZE / 2).abs().amax(dim=-1) >= 0.5
+    at = np.argwhere(off.numpy())
+    at[:, 1] += first
+    return at
 
 
 def sample_sigmas(
@@ -1190,7 +1191,7 @@ class Trainer:
             raise SystemExit(f"tile-aligned latents do not support {[k for k, v in tiled_off.items() if v]}")
         if c.sf_sprite_jitter and not self.ae.cfg.sprite:
             raise SystemExit("--sf-sprite-jitter needs a sprite layer (--ae-sprite true)")
-        if c.sf_jitter_centred and players is None:
+        if (c.sf_jitter_centred or c.sf_off_centre > 0) and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
         if c.sf_target == "own" and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
@@ -1211,6 +1212,9 @@ class Trainer:
                 blurred = torch.cat([blurred, focus_blurred])
         self.episodes = None
         lead = c.sf_lead * chunk
+        border = np.zeros((0, 2), dtype=np.int64)
+        if c.sf_off_centre > 0:
+            border = off_centre_starts(players[:n_eps], lead, n_frames - f)
 
         def clips(idx: np.ndarray, e: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
             """Latents (B, C, F, h, w) and action rows (B, F, 1, width) of episode frames `idx`
@@ -1227,6 +1231,10 @@ class Trainer:
                 pick = self.rng.random(c.sf_batch) < c.sf_focus
                 e = np.where(pick, n_eps + self.rng.integers(0, n_focus, size=c.sf_batch), e)
             s = self.rng.integers(0, n_frames - f - lead + 1, size=c.sf_batch) + lead
+            if len(border):
+                pick = self.rng.random(c.sf_batch) < c.sf_off_centre
+                at = border[self.rng.integers(0, len(border), size=c.sf_batch)]
+                e, s = np.where(pick, at[:, 0], e), np.where(pick, at[:, 1], s)
             idx = s[:, None] + np.arange(f)[None, :]
             x0, a = clips(idx, e)
             b = x0.shape[0]
@@ -1536,8 +1544,6 @@ class Trainer:
         text = [dit.text_kv(dit.null_text("cpu", torch.float32))] * b
         pred = dit.forward_dense(seq, t, text, mask, seq_a, positions)[:, :, f:]
         err = (pred - (eps_n - x0[:, :, 1:])).pow(2)
-        if self.stage == "sf" and c.sf_place_weight != 1.0:
-            err = err * channel_weights(self.ae.cfg, c.sf_place_weight)[None, :, None, None, None]
         if c.loss_weight == "x0":
             err = err * sig_n_f[:, None, :, None, None].pow(2)
         if weight is None:

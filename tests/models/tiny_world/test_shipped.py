@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from models.actions import FrameAction
 from models.registry import DEFAULT_MODEL, from_name
 from models.tiny_world import WEIGHTS_DIR
 from models.tiny_world.metrics import KEY_AXES, free_worlds, world_displacement
+from models.tiny_world.train import TrainConfig, Trainer
 from models.world import Conditioning
 from runtime.engine import Engine
 from runtime.requests import ChunkCommitted, ChunkRequest
@@ -38,6 +40,18 @@ def test_weight_files_match_the_model_card():
 @pytest.fixture(scope="module")
 def world():
     return from_name("tiny-world")
+
+
+def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
+    # `python -m models.tiny_world.train --out DIR` with no flags is the shipped recipe (model card)
+    cfg = TrainConfig()
+    recipe = {"ae_tiled": True, "ae_sprite": True, "dit_steps": 2000, "sf_steps": 250, "sf_blur": 0.0}
+    assert {k: getattr(cfg, k) for k in recipe} == recipe and cfg.sf_sprite_jitter == 4
+    trainer = Trainer(cfg, tmp_path, None, progress=False)
+    stats = {"latents_mean", "latents_std"}
+    shipped = {k: v for k, v in asdict(world.decoder.ae.cfg).items() if k not in stats}
+    assert {k: v for k, v in asdict(trainer.ae.cfg).items() if k not in stats} == shipped
+    assert trainer.dit.cfg == world.transformer.cfg
 
 
 def test_default_model_is_the_tiny_world(world):

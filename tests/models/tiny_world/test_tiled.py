@@ -16,20 +16,26 @@ from safetensors.torch import load_file
 
 from models.fast_decoder import read_phase, read_sprite
 from models.registry import load_world
-from models.tiny_world import ae_config, start_image
+from models.tiny_world import start_image
 from models.tiny_world.data import action_rows
-from models.tiny_world.train import TrainConfig, Trainer, channel_weights, chunk_anchors, rollout_history
+from models.tiny_world.train import (
+    TrainConfig,
+    Trainer,
+    chunk_anchors,
+    off_centre_starts,
+    rollout_history,
+)
 from models.world import Conditioning
 from tests.models.tiny_world.test_teacher_forcing import serve_random_policy
 from tests.models.tiny_world.test_train_cli import train_tiny
 
 
-def test_channel_weights_weigh_the_phase_and_sprite_channels_only():
-    tiled = ae_config(tiled=True, sprite=True)
-    w = channel_weights(tiled, 10.0)
-    assert w.tolist() == [1.0] * tiled.cell_channels + [10.0] * 7  # 4 phase, 3 sprite channels
-    assert channel_weights(ae_config(tiled=True), 10.0).tolist()[-4:] == [10.0] * 4
-    assert channel_weights(ae_config(), 10.0).eq(1.0).all()  # plain latents: no such channels
+def test_off_centre_starts_are_the_frames_where_the_camera_stops_at_the_border():
+    players = torch.full((2, 6, 2), 32.0)  # the view's centre of a 64-px frame
+    players[0, 2, 0] = 28.0  # episode 0, frame 2: at the world's left edge
+    players[1, 4:, 1] = 36.5  # episode 1, frames 4-5: at the bottom edge
+    assert off_centre_starts(players, 1, 5).tolist() == [[0, 2], [1, 4], [1, 5]]
+    assert off_centre_starts(players, 3, 4).tolist() == [[1, 4]]  # only frames first..last
 
 
 def test_chunk_anchors_put_targets_on_the_chunk_before_and_history_on_its_own_last_frame():
@@ -57,7 +63,7 @@ def test_tiled_run_cuts_clips_on_their_anchors_and_serves(tmp_path: Path):
 
     world = load_world(out / "model")
     assert world.latent_shape == (12, 12, 12)
-    trainer = Trainer(TrainConfig(ae_tiled=True), tmp_path / "t", None, progress=False)
+    trainer = Trainer(TrainConfig(ae_tiled=True, ae_sprite=False), tmp_path / "t", None, progress=False)
     trainer.ae = world.decoder.ae
     ae = trainer.ae
     cams = data["cameras"]

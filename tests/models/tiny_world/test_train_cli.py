@@ -18,6 +18,9 @@ TINY = [
     "--dit-steps", "3", "--dit-batch", "1", "--clip-chunks", "1", "--warmup", "1",
     "--ckpt-every", "100", "--log-every", "1", "--no-progress", "--threads", "1",
     "--sf-steps", "2", "--sf-batch", "1", "--sf-clip-chunks", "1",
+    # plain latents and a blurred-history sf stage (L's recipe): small and quick; tests of the
+    # tile-aligned recipe (the defaults) pass its flags after these
+    "--ae-tiled", "false", "--ae-sprite", "false", "--sf-blur", "0.5", "--sf-sprite-jitter", "0",
 ]  # fmt: skip
 
 
