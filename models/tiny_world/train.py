@@ -20,11 +20,11 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              their own (noisy-history augmentation, served as `context_noise`). EMA weights ship.
     sf       the second DiT stage (`sf_steps` > 0; the shipped run: 250 steps with the history's
              sprite moved, `sf_sprite_jitter`, and no blur). The EMA weights of `dit` restart
-             training with a fresh optimiser and RNGs of their
-             own, teacher-forced as in `dit`, but with `sf_blur` a share of the clips see their
-             history frames after the start frame blurred (a Gaussian of sigma up to
-             `sf_blur_max` px, optionally colour-shifted by `sf_jitter`, re-encoded: DIR/
-             blurred.safetensors) while the targets stay the game's sharp frames. The model's
+             training with a fresh optimiser and RNGs of their own, teacher-forced as in `dit`,
+             but with `sf_blur` a share of the clips see their history frames after the start
+             frame blurred (a Gaussian of sigma up to `sf_blur_max` px, optionally
+             colour-shifted by `sf_jitter`, re-encoded: DIR/blurred.safetensors) while the
+             targets stay the game's sharp frames (L's recipe). The model's
              own rollout leaves such soft frames in its history, and a model that only ever saw
              sharp history slows down and stops on them (exposure bias); this teaches it to keep
              moving and to sharpen. Options measured in the model card's issue 11 experiments:
@@ -1191,9 +1191,7 @@ class Trainer:
             raise SystemExit(f"tile-aligned latents do not support {[k for k, v in tiled_off.items() if v]}")
         if c.sf_sprite_jitter and not self.ae.cfg.sprite:
             raise SystemExit("--sf-sprite-jitter needs a sprite layer (--ae-sprite true)")
-        if (c.sf_jitter_centred or c.sf_off_centre > 0) and players is None:
-            raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
-        if c.sf_target == "own" and players is None:
+        if (c.sf_target == "own" or c.sf_jitter_centred or c.sf_off_centre > 0) and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
         sched = world_config().schedule
         chunk = dit.cfg.chunk_frames
