@@ -116,7 +116,7 @@ def test_injected_fault_rolls_back_and_spares_the_batch_mate(world):
     assert isinstance(outs["bad"], ChunkFailed) and "injected" in outs["bad"].message
     assert_same_snapshot(before, snapshot(e, "bad"))
     assert isinstance(outs["good"], ChunkCommitted)
-    assert np.array_equal(outs["good"].frames, committed(alone, "good", keys("d")).frames)
+    assert close_frames(outs["good"].frames, committed(alone, "good", keys("d")).frames)
     # the failed stream runs its next chunk at once, like a stream that never saw the fault
     clean = make_engine(world)
     clean.add_stream("bad", "tiny", Conditioning(seed=1))
@@ -262,6 +262,13 @@ def test_a_failing_action_source_fails_its_chunk_not_the_engine(world):
     assert committed(e, "bad", keys("w")).chunk == 1  # the stream goes on
 
 
+def close_frames(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same frames up to one intensity level: a stream batched with others and the same
+    stream alone differ only by fp32 summation order, which the CPU kernels pick by batch size
+    and memory alignment."""
+    return a.shape == b.shape and int(np.abs(a.astype(int) - b.astype(int)).max()) <= 1
+
+
 def test_non_finite_latents_are_rolled_back(world, monkeypatch):
     e = make_engine(world, max_batch=4)
     clean = make_engine(world)
@@ -286,8 +293,9 @@ def test_non_finite_latents_are_rolled_back(world, monkeypatch):
     monkeypatch.setattr(world, "denoise", denoise)
     assert isinstance(outs["bad"], ChunkFailed) and "non-finite" in outs["bad"].message
     assert_same_snapshot(before, snapshot(e, "bad"))
-    assert np.array_equal(outs["good"].frames, committed(clean, "good", keys("d")).frames)
-    assert np.array_equal(committed(e, "bad", keys("d")).frames, committed(clean, "bad", keys("d")).frames)
+    # Batched with "bad" against alone: the same frames but for fp32 sum order (at most one level).
+    assert close_frames(outs["good"].frames, committed(clean, "good", keys("d")).frames)
+    assert close_frames(committed(e, "bad", keys("d")).frames, committed(clean, "bad", keys("d")).frames)
 
 
 @pytest.mark.parametrize(
