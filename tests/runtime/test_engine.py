@@ -14,7 +14,15 @@ from models.world import Conditioning
 from runtime.engine import Engine
 from runtime.errors import CapacityError, InvalidRequest, StreamNotFound
 from runtime.requests import ChunkCancelled, ChunkCommitted, ChunkFailed, ChunkRequest, DebugHooks
-from tests.runtime.conftest import assert_same_snapshot, committed, keys, run_chunk, small_world, snapshot
+from tests.runtime.conftest import (
+    assert_same_snapshot,
+    close_frames,
+    committed,
+    keys,
+    run_chunk,
+    small_world,
+    snapshot,
+)
 
 SCRIPT = [keys("w"), keys("d"), keys("a", "space"), keys()]
 BOUNDARIES = ["denoise:0", "denoise:1", "denoise:2", "denoise:3", "context", "decode", "commit"]
@@ -260,13 +268,6 @@ def test_a_failing_action_source_fails_its_chunk_not_the_engine(world):
     assert_same_snapshot(before, snapshot(e, "bad"))
     assert np.array_equal(outs["good"].frames, committed(alone, "good", keys("d")).frames)
     assert committed(e, "bad", keys("w")).chunk == 1  # the stream goes on
-
-
-def close_frames(a: np.ndarray, b: np.ndarray) -> bool:
-    """The same frames up to one intensity level: a stream batched with others and the same
-    stream alone differ only by fp32 summation order, which the CPU kernels pick by batch size
-    and memory alignment."""
-    return a.shape == b.shape and int(np.abs(a.astype(int) - b.astype(int)).max()) <= 1
 
 
 def test_non_finite_latents_are_rolled_back(world, monkeypatch):
