@@ -128,6 +128,14 @@ class KVPool(nn.Module):
         self.text_len[dst] = self.text_len[src]
 
     @torch.no_grad()
+    def clear_row(self, row: int) -> None:
+        """Zero row `row` for a new owner: masked slots still meet their values in SDPA's
+        products (0 x NaN is NaN), so nothing a previous owner left may survive the lease."""
+        for b in self._buffers_of_rows():
+            b[:, row].zero_()
+        self.text_len[row] = 1
+
+    @torch.no_grad()
     def scrub_row(self, row: int) -> None:
         """Zero every non-finite value of row `row`. Masked slots still meet the values in SDPA's
         products, so a rolled-back chunk's NaN K/V must not linger where no write will hit them

@@ -298,6 +298,7 @@ class World:
             if free:
                 lease = next(pool.leases)
                 pool.owner[free[0]] = lease
+                pool.clear_row(free[0])
                 return free[0], lease
             if attempt == 0:
                 gc.collect()

@@ -20,6 +20,22 @@ def test_noise_is_drawn_on_the_cpu_from_seed_chunk_and_step():
     assert torch.equal(a, world.noise(5, 2, 1, 2))
 
 
+def test_a_leased_row_starts_clear_of_what_its_last_owner_left():
+    """A state dropped mid-chunk (an exception inside the forward) may leave NaN K/V anywhere in
+    its row; masked slots still meet them in attention's products, so a new lease zeroes the row."""
+    world = build_world(*tiny_random_configs(), seed=0)
+    world.setup(2)
+    old = world.init_state(Conditioning(seed=1))
+    for b in world.transformer.pool.row_view(old.row).values():
+        b.fill_(float("nan"))
+    world.release_state(old)
+    new = world.init_state(Conditioning(seed=2))
+    assert new.row == old.row
+    view = world.transformer.pool.row_view(new.row)
+    assert all(torch.isfinite(b).all() for b in view.values())
+    assert all(not b.any() for name, b in view.items() if name not in ("tk", "tv"))
+
+
 def run_chunk(world: World, layout: KVLayout, live: dict[int, list], step: int) -> torch.Tensor:
     """One denoise + context chunk for every live session (row -> [state, committed frames])."""
     rows = sorted(live)

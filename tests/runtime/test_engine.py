@@ -299,6 +299,29 @@ def test_non_finite_latents_are_rolled_back(world, monkeypatch):
     assert close_frames(committed(e, "bad", keys("d")).frames, committed(clean, "bad", keys("d")).frames)
 
 
+def test_a_closed_stream_leaves_no_non_finite_values_to_the_next_owner_of_its_row(world, monkeypatch):
+    e = make_engine(world)
+    e.add_stream("bad", "tiny", Conditioning(seed=1))
+    committed(e, "bad", keys("w"))
+    row = e.runner.streams["bad"].state.row
+    denoise = world.denoise
+
+    def poisoned(x, t, index, acts):
+        return torch.full_like(denoise(x, t, index, acts), float("nan"))
+
+    monkeypatch.setattr(world, "denoise", poisoned)
+    (out,) = run_chunk(e, "bad", keys("d"))
+    monkeypatch.setattr(world, "denoise", denoise)
+    assert isinstance(out, ChunkFailed)
+    e.remove_stream("bad")  # closed right after the failure: its chunk never runs again
+    e.add_stream("next", "tiny", Conditioning(seed=2))
+    assert e.runner.streams["next"].state.row == row
+    assert all(torch.isfinite(b).all() for b in world.transformer.pool.row_view(row).values())
+    alone = make_engine(world)
+    alone.add_stream("next", "tiny", Conditioning(seed=2))
+    assert close_frames(play(e, "next", SCRIPT)[-1], play(alone, "next", SCRIPT)[-1])
+
+
 @pytest.mark.parametrize(
     ("action", "field"),
     [
