@@ -54,6 +54,7 @@ from models.tiny_world.metrics import (
     KEY_AXES,
     frame_stats,
     free_worlds,
+    off_centre,
     position_errors,
     psnr,
     sharpness,
@@ -325,7 +326,7 @@ def minute_rollouts(
             one = np.array([sprite_count(x) == 1 for x in f[1:]])
             ok.append(one & (position_errors(f[1:], sim.player_pos[1:]) <= 2.0))
         ok = np.stack(ok)  # (S, N)
-        centred = np.stack([np.abs(s.player_pos[1:] - s.frames.shape[2] / 2).max(axis=1) < 0.5 for s in sims])
+        centred = np.stack([~off_centre(s.player_pos[1:], s.frames.shape[2]).any(axis=1) for s in sims])
         ok_all.append(ok)
         centred_all.append(centred)
         last = [float(psnr(f[-1], sim.frames[-1])) for f, sim in zip(frames, sims, strict=True)]

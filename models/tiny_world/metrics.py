@@ -14,10 +14,16 @@
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from models.game import simulate
+
+if TYPE_CHECKING:
+    import torch
+
+ArrayT = TypeVar("ArrayT", np.ndarray, "torch.Tensor")
 
 # A pixel is "magenta-ish" when red and blue are high and green is low. The simulator draws the
 # player in (255, 0, 255) and uses that colour nowhere else; these bounds also accept a
@@ -106,6 +112,13 @@ def world_displacement(frames: np.ndarray, axis: int) -> np.ndarray:
         disp.append(disp[-1] + cam + sprite)
         prev = c if c is not None else prev
     return np.array(disp)
+
+
+def off_centre(players: ArrayT, size: int) -> ArrayT:
+    """Player screen positions (..., 2) in a `size`-px view (numpy or torch) -> (..., 2) bool:
+    along which axes the game has the player off the view's centre (its camera has stopped at
+    the world's border)."""
+    return abs(players - size / 2) >= 0.5
 
 
 def sprite_count(frame: np.ndarray, min_pixels: int = MIN_SPRITE_PIXELS) -> int:

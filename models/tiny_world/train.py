@@ -97,6 +97,7 @@ from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise
 from models.tiny_world import SIZE, ae_config, dit_config, world_config
 from models.tiny_world.data import FOCUS_POLICY, Episodes, make_episodes
+from models.tiny_world.metrics import off_centre
 from models.world import World
 
 STAGES = ("ae", "dit", "sf", "done")
@@ -469,16 +470,10 @@ def idle_clips(actions: torch.Tensor) -> torch.Tensor:
     return actions[:, 1:].flatten(1).abs().sum(1) == 0
 
 
-def off_centre(players: torch.Tensor) -> torch.Tensor:
-    """Player screen positions (..., 2) -> (..., 2) bool: along which axes the game has the player
-    off the view's centre (its camera has stopped at the world's border)."""
-    return (players.float() - SIZE / 2).abs() >= 0.5
-
-
 def off_centre_starts(players: torch.Tensor, first: int, last: int) -> np.ndarray:
     """(K, 2) (episode, frame) of every frame in [first, last] of episodes whose player's screen
     positions are `players` (E, N, 2) where the game has the player off the view's centre."""
-    at = np.argwhere(off_centre(players[:, first : last + 1]).any(dim=-1).numpy())
+    at = np.argwhere(off_centre(players[:, first : last + 1], SIZE).any(dim=-1).numpy())
     at[:, 1] += first
     return at
 
@@ -1248,7 +1243,7 @@ class Trainer:
                 idle = idle_clips(a) & (torch.rand(b, generator=self.gen) < c.sf_self_idle) & ~own
             centred = None
             if c.sf_jitter_centred:
-                centred = ~off_centre(players[e[:, None], idx]).any(dim=1)  # (B, 2): axes centred throughout
+                centred = ~off_centre(players[e[:, None], idx], SIZE).any(dim=1)  # (B, 2): centred throughout
             hist, warp = self.degraded_history(x0, a, e, idx, ~(own | idle), blurred, lat, cams, centred)
             if own.any():
                 # Rolled out from the ground truth `lead` frames before the clip, then cut to it.
