@@ -81,6 +81,7 @@ def game_history_chunk(
         gen,
         first=k - 1,
         canonical=world.decoder.canonical,
+        carry_channels=world.config.carry_channels,
     )
     return to_frames(world, lat[:, :, end - 1 : end])[0]
 
@@ -94,8 +95,10 @@ def stall_chunk(world: World, latents: torch.Tensor, actions: torch.Tensor, gen:
     dit, sched, chunk = world.transformer, world.config.schedule, world.chunk_frames
     k = dit.cfg.window_frames // chunk
     end = 1 + chunk * k
-    snap = world.decoder.canonical
-    own = rollout_history(dit, latents[:, :, :end], actions[:, :end], sched, gen, canonical=snap)
+    snap, carried = world.decoder.canonical, world.config.carry_channels
+    own = rollout_history(
+        dit, latents[:, :, :end], actions[:, :end], sched, gen, canonical=snap, carry_channels=carried
+    )
     latest, oldest = own.clone(), own.clone()
     latest[:, :, end - 1] = latents[:, :, end - 1]
     first_seen = end - (dit.cfg.window_frames - chunk)
@@ -109,7 +112,9 @@ def stall_chunk(world: World, latents: torch.Tensor, actions: torch.Tensor, gen:
     out = {}
     for name, hist in histories.items():
         clip = torch.cat([hist, latents[:, :, end : end + chunk]], dim=2)  # chunk k is resampled
-        lat = rollout_history(dit, clip, actions[:, : end + chunk], sched, gen, first=k, canonical=snap)
+        lat = rollout_history(
+            dit, clip, actions[:, : end + chunk], sched, gen, first=k, canonical=snap, carry_channels=carried
+        )
         frames = to_frames(world, lat[:, :, end - 1 :])
         steps = [scroll_offset(a, b, radius=2, ignore=(32.0, 32.0))[0] for a, b in itertools.pairwise(frames)]
         out[name] = float(sum(steps))

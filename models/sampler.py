@@ -17,7 +17,7 @@ The loop lives in runtime/runner.py; this module only holds the numbers and the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -80,3 +80,13 @@ class FlowSchedule:
 def add_noise(x0: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
     """Flow-matching interpolation to noise level sigma."""
     return (1 - sigma) * x0 + sigma * noise
+
+
+def carry(noise: torch.Tensor, last: torch.Tensor, channels: Sequence[int]) -> torch.Tensor:
+    """Noise (B, C, n, h, w) whose `channels` hold `last` (B, C, 1, h, w) on every frame, written in
+    place and returned: those channels then flow from the history's latest frame to the new one
+    instead of from a random draw (a world trained so, e.g. the tiny world's player place)."""
+    ch = list(channels)
+    if ch:
+        noise[:, ch] = last[:, ch].to(noise.dtype).expand(-1, -1, noise.shape[2], -1, -1)
+    return noise

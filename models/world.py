@@ -6,6 +6,8 @@
 * `init_state(cond)` -> `WorldState`: a row of the model's K/V pool, decoder cache, RNG key, counters;
 * `denoise(x_t, t, index, actions)` -> prediction; reads committed K/V, writes scratch only;
 * `canonical(x0)`: a generated chunk in the form it is shown and kept as history (the decoder's);
+* `carry(noise, last)`: the sampler's noise with the config's `carry_channels` set to each
+  session's latest latent frame (worlds trained to start those channels there);
 * `context(x0, index, actions)`: the clean pass that leaves the chunk's K/V in scratch;
 * `decode(latents, state)` -> frames and a *new* decoder cache (the old one is untouched).
 
@@ -31,7 +33,7 @@ from models.actions import ActionSpace, FrameLayout
 from models.causal_wan import CausalWan
 from models.i2v import ImageConditioner
 from models.kv_pool import ChunkIndex
-from models.sampler import FlowSchedule, add_noise
+from models.sampler import FlowSchedule, add_noise, carry
 from models.vae import DecoderCache, StreamingDecoder, decode_batch
 
 
@@ -81,6 +83,9 @@ class WorldConfig:
     )
     description: str = ""
     text_prompts: bool = False  # sessions may bring a prompt (resolved by `World.prompts`)
+    # Latent channels whose sampler noise is the history's latest frame instead of a random draw
+    # (the tiny world's player place: trained to move it from where it was, `World.carry`).
+    carry_channels: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -93,6 +98,8 @@ class WorldConfig:
         sched = dict(data.pop("schedule", {}))
         if "steps" in sched:
             sched["steps"] = tuple(sched["steps"])
+        if "carry_channels" in data:
+            data["carry_channels"] = tuple(data["carry_channels"])
         return cls(schedule=FlowSchedule(**sched), **data)
 
 
@@ -118,6 +125,8 @@ class WorldState:
     frames: int = 0  # committed latent frames (the KV length)
     video_frames: int = 0  # committed video frames (frame0 of the next chunk)
     start_latents: torch.Tensor | None = None  # (C, 1, h, w) image latent until the runner prefills it
+    # (C, 1, h, w) the latest committed latent frame, kept only for worlds with carry_channels.
+    last_latent: torch.Tensor | None = None
 
 
 class PromptSource(Protocol):
@@ -485,6 +494,16 @@ class World:
         the decoder's `canonical` where it has one (tile-aligned anchors, phases, palette), else
         as they are."""
         return x0 if self._canonical is None else self._canonical(x0)
+
+    @torch.no_grad()
+    def carry(self, noise: torch.Tensor, last: Sequence[torch.Tensor | None]) -> torch.Tensor:
+        """The sampler's noise (B, C, n, h, w) with the config's `carry_channels` of entry i set to
+        `last[i]` (C, 1, h, w), the latest latent frame of its history (`models.sampler.carry`);
+        entries whose `last` is None (padding, nothing committed yet) keep their draw."""
+        for i, z in enumerate(last):
+            if z is not None:
+                carry(noise[i : i + 1], z[None], self.config.carry_channels)
+        return noise
 
     @torch.no_grad()
     def context(

@@ -179,6 +179,7 @@ class Batch:
         self.clock = StageClock(world.device)
         self.index = self._index()
         self.actions = self._actions()
+        self.last = self._last()
         self.x0 = torch.empty(0)  # the clean estimate, set by denoise
         self.finite = torch.empty(0)  # (size,) bool: x0 is finite, read with the frames
         self.caches: list = []  # decoder caches of the live entries, set by decode
@@ -210,11 +211,22 @@ class Batch:
             acts = torch.cat([acts, acts.new_zeros(pad, *acts.shape[1:])])
         return acts.to(w.device, non_blocking=True)
 
+    def _last(self) -> list[torch.Tensor | None]:
+        """Each entry's latest latent frame for `World.carry`: that of the chunk it runs on top of
+        (pipelined), else its stream's committed one; empty for worlds that carry nothing."""
+        if not self.world.config.carry_channels:
+            return []
+        return [t.after.tail if t.after is not None else t.stream.state.last_latent for t in self.txns]
+
     def _noise(self, step: int) -> torch.Tensor:
-        """(size, C, n, h, w): each live entry's (seed, chunk, step) noise, zeros elsewhere."""
+        """(size, C, n, h, w): each live entry's (seed, chunk, step) noise, zeros elsewhere; the
+        world's carry channels hold each entry's latest latent frame."""
         live = set(self.live)
         keys = [(t.stream.state.seed, t.chunk, step) if i in live else None for i, t in enumerate(self.txns)]
-        return self.world.noise_batch(keys + [None] * (self.size - len(keys)), self.n)
+        noise = self.world.noise_batch(keys + [None] * (self.size - len(keys)), self.n)
+        if self.last:
+            noise = self.world.carry(noise, [z if i in live else None for i, z in enumerate(self.last)])
+        return noise
 
     # -- boundaries -----------------------------------------------------------------------------
 
@@ -289,6 +301,9 @@ class Batch:
         # (an overflowing input, a diverging model) is rolled back instead of poisoning the world.
         self.finite = torch.isfinite(self.x0).flatten(1).all(1)
         self.x0 = w.canonical(self.x0)  # what is shown is what the history keeps
+        if self.last:
+            for i in self.live:
+                self.txns[i].tail = self.x0[i, :, -1:].clone()
         self.clock.mark("denoised")
         return True
 
@@ -536,6 +551,8 @@ class Runner:
         st.video_frames += frames.shape[0]
         st.decoder = cache
         st.start_latents = None
+        if world.config.carry_channels:
+            st.last_latent = x0[0, :, -1:]
         return frames[-1]
 
     def _compute(self, model_id: str, chunks: list[ScheduledChunk]) -> Batch | None:

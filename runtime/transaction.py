@@ -4,8 +4,9 @@ begin     reads the committed counters; from here the committed state is read-on
 stage     records what the chunk produced: K/V already sit in scratch slots past the committed
           length, the new decoder cache is a private object, frames are on the host.
 commit    atomically advances the KV length (eviction is implicit in the ring, sinks stay),
-          swaps the decoder cache, advances the RNG key and the frame counters, appends to the
-          action log — and only then is a `ChunkCommitted` (with its frames) handed out.
+          swaps the decoder cache (and the latest latent frame), advances the RNG key and the
+          frame counters, appends to the action log — and only then is a `ChunkCommitted` (with
+          its frames) handed out.
 rollback  drops the stage. Nothing committed was written, so the world is bit-identical to
           before and the stream can run its next chunk at once.
 """
@@ -18,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from models.actions import FrameAction
 from models.vae import DecoderCache
@@ -78,6 +80,9 @@ class Transaction:
         # must commit first; if it does not, this one is rolled back and runs again.
         self.after = after
         self.n_latent = n_latent  # latent frames the chunk adds
+        # (C, 1, h, w) the chunk's last clean latent frame, set by the denoise for worlds with
+        # carry_channels: the stream's `last_latent` at commit, and what a chunk run on top reads.
+        self.tail: torch.Tensor | None = None
         if after is None:
             st = stream.state
             self.chunk = st.chunks + 1  # the chunk number a commit would create
@@ -116,6 +121,8 @@ class Transaction:
         st.chunks += 1
         st.video_frames += s.frames.shape[0]
         st.start_latents = None
+        if self.tail is not None:
+            st.last_latent = self.tail
         self.stream.action_log.append(self.actions)
         self._set_status(TxnStatus.COMMITTED)
         return ChunkCommitted(

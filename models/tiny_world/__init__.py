@@ -5,7 +5,8 @@ the benchmarks agree on it:
 
 * `ae_config()`    the fast autoencoder (models/fast_decoder.py): per-frame 8x8x8 latents of a 64x64 frame;
 * `dit_config()`   the causal Wan DiT with the keyboard action module (the game's KEYS, no mouse);
-* `world_config()` serving settings: 30 fps, image start, the few-step schedule, context noise;
+* `world_config()` serving settings: 30 fps, image start, the few-step schedule, context noise,
+  the sampler's carried channels (`place_channels()`, the player's place);
 * `start_image(seed)` the simulator's first frame for a session seed (what a session starts from);
 * `WEIGHTS_DIR`    the shipped model directory (worldserve.json + transformer/ + vae/).
 
@@ -87,8 +88,17 @@ def dit_config(latent_channels: int = 8) -> CausalWanConfig:
     )
 
 
-def world_config() -> WorldConfig:
-    """Serving settings of the shipped world."""
+def place_channels() -> tuple[int, ...]:
+    """The latent channels of the player's place (its centre x, y in view pixels) in the shipped
+    latents (`ae_config(tiled=True, sprite=True)`)."""
+    start = ae_config(tiled=True, sprite=True).sprite_slice.start
+    return (start, start + 1)
+
+
+def world_config(place_start: bool = False) -> WorldConfig:
+    """Serving settings of the shipped world. `place_start`: the sampler starts the player's place
+    channels from the history's latest place (`WorldConfig.carry_channels`), for a DiT trained so
+    (`--sf-place-start`)."""
     return WorldConfig(
         id=NAME,
         fps=float(FPS),
@@ -98,6 +108,7 @@ def world_config() -> WorldConfig:
         context_noise=0.0,
         image_start=True,
         description="tiny causal Wan trained on the built-in game (WASD + space), from the seed's world",
+        carry_channels=place_channels() if place_start else (),
     )
 
 

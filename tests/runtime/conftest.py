@@ -15,10 +15,21 @@ from runtime.engine import Engine
 from runtime.requests import ChunkCommitted, ChunkRequest, Outcome
 
 
-def small_world(image_start: bool = False, context_noise: float = 0.0, name: str = "tiny") -> World:
-    """tiny-random's architecture at 32x32 (fast), optionally image-started."""
+def small_world(
+    image_start: bool = False, context_noise: float = 0.0, name: str = "tiny", carry: tuple[int, ...] = ()
+) -> World:
+    """tiny-random's architecture at 32x32 (fast), optionally image-started or carrying latent
+    channels from each chunk's latest frame (`WorldConfig.carry_channels`)."""
     world, dit, vae = tiny_random_configs()
-    world = replace(world, id=name, width=32, height=32, image_start=image_start, context_noise=context_noise)
+    world = replace(
+        world,
+        id=name,
+        width=32,
+        height=32,
+        image_start=image_start,
+        context_noise=context_noise,
+        carry_channels=carry,
+    )
     w = build_world(world, dit, vae, seed=0)
     if image_start:
         gen = torch.Generator().manual_seed(0)

@@ -198,6 +198,44 @@ def test_image_started_world_prefills_the_image_when_the_stream_is_created(image
     assert np.array_equal(committed(e, "s", keys("w")).frames, first.frames)
 
 
+def test_a_carrying_world_starts_each_chunk_from_its_latest_frame(monkeypatch):
+    """`WorldConfig.carry_channels`: the sampler's first input holds, in those channels, the
+    latest clean frame of the stream's history (the prefilled image, then each chunk's last
+    frame) on every frame; the other channels are the seed's noise. Queued together, so that a
+    pipelined engine runs each chunk on top of the one before it."""
+    world = small_world(image_start=True, carry=(0, 1), name="tiny-carry")
+    first, clean = [], []
+    denoise, context = world.denoise, world.context
+
+    def record_denoise(x, t, index, actions):
+        if t == world.config.schedule.timesteps[0]:
+            first.append(x.clone())
+        return denoise(x, t, index, actions)
+
+    def record_context(x0, index, actions, noise=None):
+        clean.append(x0.clone())
+        return context(x0, index, actions, noise=noise)
+
+    monkeypatch.setattr(world, "denoise", record_denoise)
+    monkeypatch.setattr(world, "context", record_context)
+    e = make_engine(world)
+    e.add_stream("s", "tiny-carry", Conditioning(seed=3))
+    for a in SCRIPT[:3]:
+        e.submit(ChunkRequest("s", e.new_request_id(), actions=a))
+    outs = []
+    while e.has_work():
+        outs += e.step()
+    assert [type(o) for o in outs] == [ChunkCommitted] * 3
+    assert len(first) == 3 and len(clean) == 4  # the prefill's clean pass, then one per chunk
+    for chunk, (x, prev) in enumerate(zip(first, clean, strict=False), start=1):
+        latest = prev[0, :2, -1:]
+        assert torch.equal(x[0, :2], latest.expand_as(x[0, :2]))
+        draw = world.noise(3, chunk, 0, x.shape[2])
+        torch.testing.assert_close(x[0, 2:], draw[2:], rtol=0, atol=0)
+        assert not torch.equal(x[0, :2], draw[:2])
+    assert torch.equal(e.runner.streams["s"].state.last_latent, clean[-1][0, :, -1:])
+
+
 def test_a_failing_prefill_leaves_nothing_behind(image_world, monkeypatch):
     e = make_engine(image_world)
     e.add_stream("ok", "tiny-image", Conditioning(seed=1))

@@ -51,13 +51,19 @@ def _records(outs: list) -> list[Record]:
 
 
 def _play(
-    pipeline: bool, chunks: int, hook=None, setup=None, debug_b: DebugHooks | None = None
+    pipeline: bool,
+    chunks: int,
+    hook=None,
+    setup=None,
+    debug_b: DebugHooks | None = None,
+    carry: tuple[int, ...] = (),
 ) -> tuple[Engine, list[Record], list[tuple]]:
     """Three streams, `chunks` chunks queued on each (the ring wraps); returns the engine, every
     outcome in order and the boundary events (stream, name) in order. Serial runs use the
     pipelined pool layout (a chunk of ring slack) too, so that the two can agree bit for bit: a
-    different ring length changes the order of float sums once the ring wraps."""
-    e = Engine({"tiny": small_world()}, pipeline=True, max_batch=4)
+    different ring length changes the order of float sums once the ring wraps. `carry`: the
+    world's carry channels (a chunk on top of another reads that one's last frame)."""
+    e = Engine({"tiny": small_world(carry=carry)}, pipeline=True, max_batch=4)
     e.runner.pipeline = pipeline
     events: list[tuple] = []
     for i, sid in enumerate("abc"):
@@ -95,9 +101,13 @@ def assert_same_outcomes(a: list[Record], b: list[Record]) -> None:
             assert np.abs(diff).max() <= 1, x[:3]
 
 
-def test_pipelined_rollouts_equal_serial_ones_bit_for_bit():
-    _, serial_out, serial_events = _play(False, 7)
-    e, piped_out, piped_events = _play(True, 7)
+CARRY = pytest.mark.parametrize("carry", [(), (0, 1)], ids=["plain", "carry"])
+
+
+@CARRY
+def test_pipelined_rollouts_equal_serial_ones_bit_for_bit(carry):
+    _, serial_out, serial_events = _play(False, 7, carry=carry)
+    e, piped_out, piped_events = _play(True, 7, carry=carry)
     assert sorted(piped_out) == sorted(serial_out)
     assert all(kind == "ChunkCommitted" for kind, *_ in piped_out) and len(piped_out) == 21
     # the overlap happened: chunk 2 of a stream was denoised before chunk 1 committed
@@ -106,7 +116,7 @@ def test_pipelined_rollouts_equal_serial_ones_bit_for_bit():
     assert serial_events.index(("a", "denoise:0"), 1) > serial_events.index(("a", "commit"))
     assert not e.runner.busy and e.runner.streams["a"].state.chunks == 7
     # against a serial engine with the plain ring: the same frames up to float order (1 level)
-    plain = Engine({"tiny": small_world()}, max_batch=4)
+    plain = Engine({"tiny": small_world(carry=carry)}, max_batch=4)
     for i, sid in enumerate("abc"):
         plain.add_stream(sid, "tiny", Conditioning(seed=i))
     for j in range(7):
@@ -134,12 +144,13 @@ def _cancel_at_commit(target: int):
     return hook
 
 
-def test_a_chunk_whose_predecessor_is_cancelled_runs_again_on_the_committed_world():
+@CARRY
+def test_a_chunk_whose_predecessor_is_cancelled_runs_again_on_the_committed_world(carry):
     # Pipelined, chunk 3 of b was computed on top of chunk 2 when 2 is cancelled at its commit
     # boundary: 3 is rolled back and runs again on the committed world, as chunk 2, as a serial
     # engine (where it simply waited) runs it.
-    _, serial_out, _ = _play(False, 5, _cancel_at_commit(2))
-    e, piped_out, _ = _play(True, 5, _cancel_at_commit(2))
+    _, serial_out, _ = _play(False, 5, _cancel_at_commit(2), carry=carry)
+    e, piped_out, _ = _play(True, 5, _cancel_at_commit(2), carry=carry)
     assert_same_outcomes(piped_out, serial_out)
     b = [(kind, chunk) for kind, sid, chunk, _ in piped_out if sid == "b"]
     assert ("ChunkCancelled", 2) in b and [c for k, c in b if k == "ChunkCommitted"] == [1, 2, 3, 4]
@@ -163,9 +174,10 @@ def _poison_chunk_two_of_b(e: Engine) -> None:
     world.denoise = poisoned
 
 
-def test_a_chunk_whose_predecessor_fails_runs_again_on_the_committed_world():
-    _, serial_out, _ = _play(False, 4, setup=_poison_chunk_two_of_b)
-    _, piped_out, _ = _play(True, 4, setup=_poison_chunk_two_of_b)
+@CARRY
+def test_a_chunk_whose_predecessor_fails_runs_again_on_the_committed_world(carry):
+    _, serial_out, _ = _play(False, 4, setup=_poison_chunk_two_of_b, carry=carry)
+    _, piped_out, _ = _play(True, 4, setup=_poison_chunk_two_of_b, carry=carry)
     assert_same_outcomes(piped_out, serial_out)
     b = [(kind, chunk) for kind, sid, chunk, _ in piped_out if sid == "b"]
     assert ("ChunkFailed", 2) in b and [c for k, c in b if k == "ChunkCommitted"] == [1, 2, 3]

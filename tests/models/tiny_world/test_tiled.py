@@ -11,12 +11,13 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from models.fast_decoder import read_phase, read_sprite
 from models.registry import load_world
-from models.tiny_world import start_image
+from models.tiny_world import place_channels, start_image
 from models.tiny_world.data import action_rows
 from models.tiny_world.train import (
     TrainConfig,
@@ -24,6 +25,7 @@ from models.tiny_world.train import (
     chunk_anchors,
     off_centre_starts,
     rollout_history,
+    teacher_forcing_layout,
 )
 from models.world import Conditioning
 from tests.models.tiny_world.test_teacher_forcing import serve_random_policy
@@ -107,7 +109,7 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
     train_tiny(
         out,
         *("--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16"),
-        *("--sf-blur", "1", "--sf-sprite-jitter", "2"),
+        *("--sf-blur", "1", "--sf-sprite-jitter", "2", "--sf-place-start", "true"),
     )
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert all("sprite_acc" in r for r in log if r["stage"] == "ae" and "loss" in r)
@@ -121,6 +123,7 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
 
     world = load_world(out / "model")
     assert world.latent_shape == (15, 12, 12)
+    assert world.config.carry_channels == place_channels() == (12, 13)  # served as trained
     assert world.decoder.ae.latents_std[12:].flatten().tolist() == [1.0, 1.0, 1.0]
     served, _ = serve_random_policy(world, 1_000_321, 2)
     assert served.shape == (9, 64, 64, 3) and np.ptp(served) > 0
@@ -154,3 +157,38 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
     )
     shift = ((hist[:, 12:14] - clean[:, 12:14]) * 4).abs().amax(dim=(2, 3, 4))  # (B, 2) px
     assert not shift[~centred].any() and shift[centred & eligible[:, None]].any()
+
+
+@pytest.mark.parametrize("place_start", [False, True])
+def test_place_start_trains_the_place_channels_to_flow_from_the_latest_history_frame(place_start, tmp_path):
+    """`--sf-place-start`: in the sf stage every noisy chunk's place channels are
+    (1 - sigma) * target + sigma * (the place of the history frame before the chunk), as the
+    served sampler starts them (`World.carry`); the other channels are noised as usual."""
+    cfg = TrainConfig(ae_tiled=True, ae_sprite=True, sf_place_start=place_start)
+    trainer = Trainer(cfg, tmp_path, None, progress=False)
+    trainer.stage = "sf"
+    gen = torch.Generator().manual_seed(0)
+    b, c, chunk = 3, 15, trainer.dit.cfg.chunk_frames
+    mask, positions, f = teacher_forcing_layout(2, chunk, trainer.dit.cfg.window_frames)
+    x0 = torch.randn(b, c, f, 12, 12, generator=gen)
+    hist = x0 + torch.randn(x0.shape, generator=gen)  # another place in every history frame
+    seen = {}
+
+    class Seen(Exception):
+        pass
+
+    def forward_dense(seq, t, *args):
+        seen.update(seq=seq, t=t)
+        raise Seen
+
+    trainer.dit.forward_dense = forward_dense
+    with pytest.raises(Seen):
+        trainer.flow_step(x0, hist, torch.zeros(b, f, 1, 6), mask, positions, f, 1e-3, 10, 1)
+    noisy = seen["seq"][:, :, f:]  # (B, C, F-1, h, w)
+    sigma = (seen["t"][:, f:] / 1000)[:, None, :, None, None]
+    before = hist[:, :, 0 : f - 1 : chunk].repeat_interleave(chunk, dim=2)  # each chunk's latest frame
+    carried = (1 - sigma) * x0[:, :, 1:] + sigma * before
+    ch = list(place_channels())
+    place_ok = torch.allclose(noisy[:, ch], carried[:, ch], atol=1e-5)
+    assert place_ok is place_start
+    assert not torch.allclose(noisy[:, :12], carried[:, :12], atol=1e-2)  # cells and phase: noise
