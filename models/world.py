@@ -190,6 +190,9 @@ class World:
             config.width // decoder.spatial + decoder.margin_cells,
         )
         self.tokens_per_frame = transformer.tokens_per_frame(*self.latent_shape[1:])
+        bad = [c for c in config.carry_channels if not 0 <= c < tcfg.out_channels]
+        if bad:
+            raise ValueError(f"carry_channels {bad} are not latent channels (0..{tcfg.out_channels - 1})")
         if tcfg.action is not None and tcfg.action.frames_per_latent != decoder.layout.frames_per_latent:
             raise ValueError("action frames_per_latent must equal the decoder's temporal factor")
         self.action_space = tcfg.action.space if tcfg.action is not None else ActionSpace()

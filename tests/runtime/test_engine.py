@@ -234,6 +234,8 @@ def test_a_carrying_world_starts_each_chunk_from_its_latest_frame(monkeypatch):
         torch.testing.assert_close(x[0, 2:], draw[2:], rtol=0, atol=0)
         assert not torch.equal(x[0, :2], draw[:2])
     assert torch.equal(e.runner.streams["s"].state.last_latent, clean[-1][0, :, -1:])
+    with pytest.raises(ValueError, match="carry_channels"):  # a bad config fails at load
+        small_world(carry=(0, 99))
 
 
 def test_a_failing_prefill_leaves_nothing_behind(image_world, monkeypatch):
