@@ -302,8 +302,9 @@ class Batch:
         self.finite = torch.isfinite(self.x0).flatten(1).all(1)
         self.x0 = w.canonical(self.x0)  # what is shown is what the history keeps
         if self.last:
+            tails = self.x0[:, :, -1:].clone()  # one copy for the batch; each entry keeps its row
             for i in self.live:
-                self.txns[i].tail = self.x0[i, :, -1:].clone()
+                self.txns[i].tail = tails[i]
         self.clock.mark("denoised")
         return True
 
