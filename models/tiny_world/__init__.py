@@ -6,7 +6,7 @@ the benchmarks agree on it:
 * `ae_config()`    the fast autoencoder (models/fast_decoder.py): per-frame 8x8x8 latents of a 64x64 frame;
 * `dit_config()`   the causal Wan DiT with the keyboard action module (the game's KEYS, no mouse);
 * `world_config()` serving settings: 30 fps, image start, the few-step schedule, context noise,
-  the sampler's carried channels (`place_channels()`, the player's place);
+  the sampler's carried channels (`carried_channels()`: the player's place, the view's phase);
 * `start_image(seed)` the simulator's first frame for a session seed (what a session starts from);
 * `WEIGHTS_DIR`    the shipped model directory (worldserve.json + transformer/ + vae/).
 
@@ -95,10 +95,23 @@ def place_channels() -> tuple[int, ...]:
     return (start, start + 1)
 
 
-def world_config(place_start: bool = False) -> WorldConfig:
-    """Serving settings of the shipped world. `place_start`: the sampler starts the player's place
-    channels from the history's latest place (`WorldConfig.carry_channels`), for a DiT trained so
-    (`--sf-place-start`)."""
+def view_channels() -> tuple[int, ...]:
+    """The latent channels of the view's phase (cos, sin of its place on the canvas, x then y) in
+    the shipped latents."""
+    ph = ae_config(tiled=True, sprite=True).phase_slice
+    return tuple(range(ph.start, ph.stop))
+
+
+def carried_channels(place: bool = False, view: bool = False) -> tuple[int, ...]:
+    """The channels a DiT trained with `--sf-place-start` / `--sf-view-start` carries from the
+    history's latest frame."""
+    return tuple(sorted((place_channels() if place else ()) + (view_channels() if view else ())))
+
+
+def world_config(place_start: bool = False, view_start: bool = False) -> WorldConfig:
+    """Serving settings of the shipped world. `place_start` / `view_start`: the sampler starts the
+    player's place / the view's phase channels from the history's latest frame
+    (`WorldConfig.carry_channels`), for a DiT trained so (`--sf-place-start`, `--sf-view-start`)."""
     return WorldConfig(
         id=NAME,
         fps=float(FPS),
@@ -108,7 +121,7 @@ def world_config(place_start: bool = False) -> WorldConfig:
         context_noise=0.0,
         image_start=True,
         description="tiny causal Wan trained on the built-in game (WASD + space), from the seed's world",
-        carry_channels=place_channels() if place_start else (),
+        carry_channels=carried_channels(place_start, view_start),
     )
 
 

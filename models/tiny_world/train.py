@@ -95,7 +95,7 @@ from models.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDeco
 from models.game import Game, GameConfig, GameError, random_policy
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry
-from models.tiny_world import SIZE, ae_config, dit_config, place_channels, world_config
+from models.tiny_world import SIZE, ae_config, carried_channels, dit_config, world_config
 from models.tiny_world.data import FOCUS_POLICY, Episodes, make_episodes
 from models.tiny_world.metrics import off_centre
 from models.world import World
@@ -168,6 +168,10 @@ class TrainConfig:
     # The player's place channels flow from the history's latest place, not from noise, in
     # training and when served (`world_config(place_start=True)`, `WorldConfig.carry_channels`).
     sf_place_start: bool = False
+    # Likewise the view's phase channels (where the frame lies on its canvas): a chunk starts from
+    # the latest frame's place on the map, not from a random one (a drawn place jitters by a
+    # pixel now and then, and the jitter random-walks the idle view away; model card, AM).
+    sf_view_start: bool = False
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -718,6 +722,16 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         if cfg.ae_sprite and not cfg.ae_tiled:
             raise SystemExit("--ae-sprite needs --ae-tiled true")
+        # Checked before any stage runs, so a run does not train for an hour to stop at its last.
+        if cfg.sf_steps and (cfg.sf_sprite_jitter or cfg.sf_place_start) and not cfg.ae_sprite:
+            raise SystemExit(
+                "--sf-sprite-jitter and --sf-place-start need a sprite layer "
+                "(--ae-sprite true; or set them off)"
+            )
+        if cfg.sf_steps and cfg.sf_view_start and not cfg.ae_tiled:
+            raise SystemExit(
+                "--sf-view-start needs tile-aligned latents (--ae-tiled true; or --sf-view-start false)"
+            )
         self.ae = FastAutoencoder(ae_config(cfg.ae_tiled, cfg.ae_sprite))
         self.dit = CausalWan(dit_config(self.ae.cfg.latent_channels))
         self.ema = CausalWan(dit_config(self.ae.cfg.latent_channels))
@@ -1198,9 +1212,7 @@ class Trainer:
         }
         if self.ae.cfg.frame_size and any(tiled_off.values()):
             raise SystemExit(f"tile-aligned latents do not support {[k for k, v in tiled_off.items() if v]}")
-        if (c.sf_sprite_jitter or c.sf_place_start) and not self.ae.cfg.sprite:
-            raise SystemExit("--sf-sprite-jitter and --sf-place-start need a sprite layer (--ae-sprite true)")
-        carried = place_channels() if c.sf_place_start else ()
+        carried = carried_channels(c.sf_place_start, c.sf_view_start)
         if (c.sf_target == "own" or c.sf_jitter_centred or c.sf_off_centre > 0) and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
         sched = world_config().schedule
@@ -1544,12 +1556,13 @@ class Trainer:
         sig_n_f = sig_n.repeat_interleave(chunk, dim=1)
         eps_c = torch.randn(x0.shape, generator=self.gen)
         eps_n = torch.randn(x0[:, :, 1:].shape, generator=self.gen)
-        if self.stage == "sf" and c.sf_place_start:
-            # As served (`World.carry`): each chunk's place channels start from the place of the
-            # latest history frame before it, so the model learns to move the player from there.
+        carried = carried_channels(c.sf_place_start, c.sf_view_start)
+        if self.stage == "sf" and carried:
+            # As served (`World.carry`): each chunk's carried channels start from the latest
+            # history frame before it, so the model learns to move the player / the view from there.
             for j in range(n_chunks):
                 a0 = j * chunk
-                carry(eps_n[:, :, a0 : a0 + chunk], hist[:, :, a0 : a0 + 1], place_channels())
+                carry(eps_n[:, :, a0 : a0 + chunk], hist[:, :, a0 : a0 + 1], carried)
         xc = add_noise(hist, eps_c, sig_c_f[:, None, :, None, None])
         xn = add_noise(x0[:, :, 1:], eps_n, sig_n_f[:, None, :, None, None])
         seq = torch.cat([xc, xn], dim=2)
@@ -1603,7 +1616,10 @@ class Trainer:
         """Write DIR/model (EMA DiT weights + the autoencoder) and DIR/train_summary.json."""
         from models.registry import save_world
 
-        config = world_config(place_start=self.cfg.sf_place_start and self.cfg.sf_steps > 0)
+        sf = self.cfg.sf_steps > 0
+        config = world_config(
+            place_start=self.cfg.sf_place_start and sf, view_start=self.cfg.sf_view_start and sf
+        )
         world = World(config, self.ema.eval(), FastStreamingDecoder(self.ae.eval()), start_image=None)
         model_dir = self.out / "model"
         save_world(world, model_dir, start_image={"kind": "game", "size": SIZE})

@@ -115,29 +115,30 @@ def test_self_forced_history_is_the_engines_rollout(sink, carry, tmp_path):
     """The sf stage's history (`rollout_history`) is what a session would show:
     driven with the engine's own noise, it decodes to the engine's frames. Also with a sink
     frame and a window short enough that the sink is all that is left of the start, and with
-    the player's place carried from each chunk's latest frame (`--sf-place-start`)."""
+    the player's place and the view's phase carried from each chunk's latest frame
+    (`--sf-place-start`, `--sf-view-start`)."""
     import json
     import shutil
 
     from models.registry import from_name, load_world
-    from models.tiny_world import WEIGHTS_DIR, place_channels
+    from models.tiny_world import WEIGHTS_DIR, carried_channels
     from models.tiny_world.data import action_rows
     from models.tiny_world.train import rollout_history
     from models.world import Conditioning
 
     world = from_name("tiny-world")
-    n_chunks = 2
+    shipped_carry, n_chunks = world.config.carry_channels, 2
     if sink or carry:
         shutil.copytree(WEIGHTS_DIR, tmp_path / "w")
         card = json.loads((tmp_path / "w" / "worldserve.json").read_text())
         if sink:
             card["transformer"].update(sink_frames=1, window_frames=8)
         if carry:
-            card["world"]["carry_channels"] = list(place_channels())
+            card["world"]["carry_channels"] = list(carried_channels(place=True, view=True))
         (tmp_path / "w" / "worldserve.json").write_text(json.dumps(card))
         world, n_chunks = load_world(tmp_path / "w"), 4
         assert world.transformer.cfg.sink_frames == int(sink)
-        assert world.config.carry_channels == (place_channels() if carry else ())
+        assert world.config.carry_channels == (carried_channels(True, True) if carry else shipped_carry)
     seed, chunk = 1_000_123, world.chunk_frames
     served, script = serve_random_policy(world, seed, n_chunks)
 
@@ -154,7 +155,7 @@ def test_self_forced_history_is_the_engines_rollout(sink, carry, tmp_path):
     )
     mine, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
     assert np.abs(mine.numpy().astype(int) - served.astype(int)).max() <= 1
-    if carry:  # the carried place matters: without it the same noise gives another rollout
+    if carry:  # the carried channels matter: without them the same noise gives another rollout
         plain = rollout_history(world.transformer, x0, actions, sched, gen, noise, canonical=world.canonical)
         assert not torch.equal(plain, lat)
 

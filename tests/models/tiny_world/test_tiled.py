@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from models.fast_decoder import read_phase, read_sprite
 from models.registry import load_world
-from models.tiny_world import place_channels, start_image
+from models.tiny_world import place_channels, start_image, view_channels
 from models.tiny_world.data import action_rows
 from models.tiny_world.train import (
     TrainConfig,
@@ -65,7 +65,9 @@ def test_tiled_run_cuts_clips_on_their_anchors_and_serves(tmp_path: Path):
 
     world = load_world(out / "model")
     assert world.latent_shape == (12, 12, 12)
-    trainer = Trainer(TrainConfig(ae_tiled=True, ae_sprite=False), tmp_path / "t", None, progress=False)
+    trainer = Trainer(
+        TrainConfig(ae_tiled=True, ae_sprite=False, sf_sprite_jitter=0), tmp_path / "t", None, progress=False
+    )
     trainer.ae = world.decoder.ae
     ae = trainer.ae
     cams = data["cameras"]
@@ -109,7 +111,7 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
     train_tiny(
         out,
         *("--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16"),
-        *("--sf-blur", "1", "--sf-sprite-jitter", "2", "--sf-place-start", "true"),
+        *("--sf-blur", "1", "--sf-sprite-jitter", "2", "--sf-place-start", "true", "--sf-view-start", "true"),
     )
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert all("sprite_acc" in r for r in log if r["stage"] == "ae" and "loss" in r)
@@ -123,7 +125,7 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
 
     world = load_world(out / "model")
     assert world.latent_shape == (15, 12, 12)
-    assert world.config.carry_channels == place_channels() == (12, 13)  # served as trained
+    assert world.config.carry_channels == tuple(range(8, 14))  # phase and place, served as trained
     assert world.decoder.ae.latents_std[12:].flatten().tolist() == [1.0, 1.0, 1.0]
     served, _ = serve_random_policy(world, 1_000_321, 2)
     assert served.shape == (9, 64, 64, 3) and np.ptp(served) > 0
@@ -159,12 +161,17 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
     assert not shift[~centred].any() and shift[centred & eligible[:, None]].any()
 
 
-@pytest.mark.parametrize("place_start", [False, True])
-def test_place_start_trains_the_place_channels_to_flow_from_the_latest_history_frame(place_start, tmp_path):
-    """`--sf-place-start`: in the sf stage every noisy chunk's place channels are
-    (1 - sigma) * target + sigma * (the place of the history frame before the chunk), as the
-    served sampler starts them (`World.carry`); the other channels are noised as usual."""
-    cfg = TrainConfig(ae_tiled=True, ae_sprite=True, sf_place_start=place_start)
+@pytest.mark.parametrize(
+    ("place_start", "view_start"), [(False, False), (True, False), (False, True), (True, True)]
+)
+def test_carried_channels_are_trained_to_flow_from_the_latest_history_frame(
+    place_start, view_start, tmp_path
+):
+    """`--sf-place-start` / `--sf-view-start`: in the sf stage every noisy chunk's place / phase
+    channels are (1 - sigma) * target + sigma * (that channel of the history frame before the
+    chunk), as the served sampler starts them (`World.carry`); the other channels are noised as
+    usual."""
+    cfg = TrainConfig(ae_tiled=True, ae_sprite=True, sf_place_start=place_start, sf_view_start=view_start)
     trainer = Trainer(cfg, tmp_path, None, progress=False)
     trainer.stage = "sf"
     gen = torch.Generator().manual_seed(0)
@@ -188,7 +195,8 @@ def test_place_start_trains_the_place_channels_to_flow_from_the_latest_history_f
     sigma = (seen["t"][:, f:] / 1000)[:, None, :, None, None]
     before = hist[:, :, 0 : f - 1 : chunk].repeat_interleave(chunk, dim=2)  # each chunk's latest frame
     carried = (1 - sigma) * x0[:, :, 1:] + sigma * before
-    ch = list(place_channels())
-    place_ok = torch.allclose(noisy[:, ch], carried[:, ch], atol=1e-5)
-    assert place_ok is place_start
-    assert not torch.allclose(noisy[:, :12], carried[:, :12], atol=1e-2)  # cells and phase: noise
+    for channels, wanted in ((place_channels(), place_start), (view_channels(), view_start)):
+        ch = list(channels)
+        assert torch.allclose(noisy[:, ch], carried[:, ch], atol=1e-5) is wanted
+    assert not torch.allclose(noisy[:, :8], carried[:, :8], atol=1e-2)  # the cells: noise
+    assert view_channels() == tuple(range(8, 12)) and place_channels() == (12, 13)

@@ -97,3 +97,21 @@ def test_self_forced_stage_runs_after_the_dit_and_from_a_model_directory(tmp_pat
     log = [json.loads(line) for line in (second / "train_log.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in log if "loss" in r] == ["sf"]  # neither the AE nor the DiT retrained
     assert "done" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--sf-sprite-jitter", "4"], "need a sprite layer"),
+        (
+            ["--sf-sprite-jitter", "0", "--sf-view-start", "true"],
+            "--sf-view-start needs tile-aligned latents",
+        ),
+    ],
+)
+def test_an_sf_stage_the_latents_cannot_serve_stops_before_any_training(flags, message, tmp_path: Path):
+    # sf settings that need the tile-aligned recipe's latents, on plain ones: refused up front,
+    # not after the autoencoder and the DiT have trained.
+    with pytest.raises(SystemExit, match=message):
+        main(["--out", str(tmp_path / "run"), "--ae-tiled", "false", "--ae-sprite", "false", *flags])
+    assert not (tmp_path / "run" / "train_log.jsonl").exists()
