@@ -108,10 +108,10 @@ def carried_channels(place: bool = False, view: bool = False) -> tuple[int, ...]
     return tuple(sorted((place_channels() if place else ()) + (view_channels() if view else ())))
 
 
-def world_config(place_start: bool = False, view_start: bool = False) -> WorldConfig:
-    """Serving settings of the shipped world. `place_start` / `view_start`: the sampler starts the
-    player's place / the view's phase channels from the history's latest frame
-    (`WorldConfig.carry_channels`), for a DiT trained so (`--sf-place-start`, `--sf-view-start`)."""
+def world_config(carry: tuple[int, ...] = ()) -> WorldConfig:
+    """Serving settings of the shipped world. `carry`: the latent channels the sampler starts from
+    the history's latest frame (`WorldConfig.carry_channels`; `carried_channels()`), for a DiT
+    trained so (`--sf-place-start`, `--sf-view-start`)."""
     return WorldConfig(
         id=NAME,
         fps=float(FPS),
@@ -121,7 +121,7 @@ def world_config(place_start: bool = False, view_start: bool = False) -> WorldCo
         context_noise=0.0,
         image_start=True,
         description="tiny causal Wan trained on the built-in game (WASD + space), from the seed's world",
-        carry_channels=carried_channels(place_start, view_start),
+        carry_channels=tuple(carry),
     )
 
 

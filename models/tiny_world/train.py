@@ -63,6 +63,11 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              the camera stops and the history's off-centre place is the rule). `sf_off_centre`:
              a share of the clips starts on a frame where the game's player is off the view's
              centre (the camera stopped at the world's border; `off_centre_starts`).
+             `sf_place_start` / `sf_view_start`: the player's place / the view's phase channels
+             of each noisy chunk start from the history's latest frame, as served (`carry`).
+    sf2      a second self-forced phase (`sf2_steps` > 0), from the sf stage's EMA with a fresh
+             optimiser: the sf stage's settings with `sf2_view_start` and `sf2_jitter_centred`
+             in place of theirs. The served world carries what the last phase carried.
     export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
@@ -100,7 +105,8 @@ from models.tiny_world.data import FOCUS_POLICY, Episodes, make_episodes
 from models.tiny_world.metrics import off_centre
 from models.world import World
 
-STAGES = ("ae", "dit", "sf", "done")
+STAGES = ("ae", "dit", "sf", "sf2", "done")
+SF_STAGES = ("sf", "sf2")
 # Anchored targets (`sf_target` "anchor"): how far (frame pixels) the model's view may have
 # drifted from the game's and still be found, and how well it must match the game's terrain
 # there (PSNR, dB) to be trained on; below it the model's world no longer is the game's map.
@@ -172,6 +178,12 @@ class TrainConfig:
     # the latest frame's place on the map, not from a random one (a drawn place jitters by a
     # pixel now and then, and the jitter random-walks the idle view away; model card, AM).
     sf_view_start: bool = False
+    # A second self-forced phase, `sf2` (0 steps: none): from the sf stage's EMA, `sf2_steps` more
+    # steps with the sf stage's settings, except the view carried and the jitter centred as below
+    # (model card, AP: carried from the dit stage's EMA instead, the view costs the scroll).
+    sf2_steps: int = 0
+    sf2_view_start: bool = True  # its sf_view_start
+    sf2_jitter_centred: bool = True  # its sf_jitter_centred
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -732,6 +744,12 @@ class Trainer:
             raise SystemExit(
                 "--sf-view-start needs tile-aligned latents (--ae-tiled true; or --sf-view-start false)"
             )
+        if cfg.sf2_steps and not cfg.sf_steps:
+            raise SystemExit("--sf2-steps continues the sf stage; it needs --sf-steps > 0")
+        if cfg.sf2_steps and cfg.sf2_view_start and not cfg.ae_tiled:
+            raise SystemExit(
+                "--sf2-view-start needs tile-aligned latents (--ae-tiled true; or --sf2-view-start false)"
+            )
         self.ae = FastAutoencoder(ae_config(cfg.ae_tiled, cfg.ae_sprite))
         self.dit = CausalWan(dit_config(self.ae.cfg.latent_channels))
         self.ema = CausalWan(dit_config(self.ae.cfg.latent_channels))
@@ -792,7 +810,7 @@ class Trainer:
         if mean:
             self.ae.set_normalisation(torch.tensor(mean), torch.tensor(std))
         self.ae_opt.load_state_dict(state["ae_opt"])
-        if self.stage in ("sf", "done") and (ema := self.sf_arch(self.ema)) is not None:
+        if self.stage in (*SF_STAGES, "done") and (ema := self.sf_arch(self.ema)) is not None:
             # The checkpoint holds the reshaped modules: build their shapes before loading.
             self.ema = ema.requires_grad_(False)
             self.dit = CausalWan(self.ema.cfg)
@@ -841,11 +859,12 @@ class Trainer:
         self.log({"init_from": str(model_dir)})
 
     def begin_sf(self) -> None:
-        """Enter the self-forced stage: train on from the EMA weights with a fresh optimiser and
-        RNGs of its own (so the stage does not depend on how the previous one was reached)."""
+        """Enter a self-forced phase (`sf`, then `sf2`): train on from the EMA weights with a fresh
+        optimiser and the stage's own RNGs (so a phase does not depend on how the one before it
+        was reached; `sf2` from the shipped weights with `--init-from` is the same run)."""
         c = self.cfg
         self.step = 0
-        if (ema := self.sf_arch(self.ema)) is not None:
+        if self.stage == "sf" and (ema := self.sf_arch(self.ema)) is not None:
             self.ema = ema.requires_grad_(False)
             self.dit = CausalWan(self.ema.cfg)
         self.dit.load_state_dict(self.ema.state_dict())
@@ -866,6 +885,25 @@ class Trainer:
         self.ae.requires_grad_(False)  # its decoder only carries the critic's gradient to the DiT
         lr = self.cfg.sf_critic_lr
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=lr, betas=(0.5, 0.99))
+
+    def sf_config(self, stage: str | None = None) -> TrainConfig:
+        """The settings a self-forced phase (default: the current stage) trains by: the run's, or
+        in `sf2` the run's with that phase's steps, view start and jitter."""
+        c = self.cfg
+        if (stage or self.stage) != "sf2":
+            return c
+        return replace(
+            c, sf_steps=c.sf2_steps, sf_view_start=c.sf2_view_start, sf_jitter_centred=c.sf2_jitter_centred
+        )
+
+    def carried(self, stage: str | None = None) -> tuple[int, ...]:
+        """The latent channels a stage (default: the current one) starts from the history's
+        latest frame (`carried_channels`); none outside the self-forced phases."""
+        stage = stage or self.stage
+        if stage not in SF_STAGES:
+            return ()
+        c = self.sf_config(stage)
+        return carried_channels(c.sf_place_start, c.sf_view_start)
 
     def sf_arch(self, dit: CausalWan) -> CausalWan | None:
         """The sf stage's DiT made from `dit` when `sf_patch` / `sf_window` (`regrid`) or
@@ -1192,8 +1230,8 @@ class Trainer:
         return True
 
     def train_sf(self) -> bool:
-        """The self-forced stage; returns False when the time limit stopped it."""
-        c, dit = self.cfg, self.dit
+        """The current self-forced phase (`sf` or `sf2`); returns False when the time limit stopped it."""
+        c, dit = self.sf_config(), self.dit
         lat, acts, cams, players = self.latents()
         if c.sf_target not in ("game", "own", "anchor"):
             raise SystemExit(f"sf_target must be 'game', 'own' or 'anchor', not {c.sf_target!r}")
@@ -1212,7 +1250,7 @@ class Trainer:
         }
         if self.ae.cfg.frame_size and any(tiled_off.values()):
             raise SystemExit(f"tile-aligned latents do not support {[k for k, v in tiled_off.items() if v]}")
-        carried = carried_channels(c.sf_place_start, c.sf_view_start)
+        carried = self.carried()
         if (c.sf_target == "own" or c.sf_jitter_centred or c.sf_off_centre > 0) and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
         sched = world_config().schedule
@@ -1244,7 +1282,8 @@ class Trainer:
             rows[:, 0] = 0.0
             return x, rows[:, :, None]
 
-        bar = tqdm(total=c.sf_steps, initial=self.step, desc="self-forced", disable=not self.progress)
+        desc = "self-forced" if self.stage == "sf" else "self-forced 2"
+        bar = tqdm(total=c.sf_steps, initial=self.step, desc=desc, disable=not self.progress)
         while self.step < c.sf_steps:
             e = self.rng.integers(0, n_eps, size=c.sf_batch)
             if n_focus:
@@ -1352,7 +1391,11 @@ class Trainer:
             if not self.step_done(bar):
                 return False
         bar.close()
-        self.stage, self.step = "done", 0
+        if self.stage == "sf" and c.sf2_steps > 0:
+            self.stage = "sf2"
+            self.begin_sf()
+        else:
+            self.stage, self.step = "done", 0
         self.checkpoint()
         return True
 
@@ -1556,8 +1599,8 @@ class Trainer:
         sig_n_f = sig_n.repeat_interleave(chunk, dim=1)
         eps_c = torch.randn(x0.shape, generator=self.gen)
         eps_n = torch.randn(x0[:, :, 1:].shape, generator=self.gen)
-        carried = carried_channels(c.sf_place_start, c.sf_view_start)
-        if self.stage == "sf" and carried:
+        carried = self.carried()
+        if carried:
             # As served (`World.carry`): each chunk's carried channels start from the latest
             # history frame before it, so the model learns to move the player / the view from there.
             for j in range(n_chunks):
@@ -1579,7 +1622,7 @@ class Trainer:
             weight = weight.expand_as(err)
             loss = (err * weight).sum() / weight.sum().clamp_min(1.0)
         total_loss, fake = (loss if extra is None else loss + extra), None
-        if self.critic is not None and self.stage == "sf":
+        if self.critic is not None and self.stage in SF_STAGES:
             # One frame per noisy chunk: its x0 prediction decoded (through the frozen decoder)
             # and scored by the critic; the hinge generator loss joins the flow loss.
             pick = torch.randint(0, chunk, (b, n_chunks), generator=self.gen) + torch.arange(n_chunks) * chunk
@@ -1616,10 +1659,10 @@ class Trainer:
         """Write DIR/model (EMA DiT weights + the autoencoder) and DIR/train_summary.json."""
         from models.registry import save_world
 
-        sf = self.cfg.sf_steps > 0
-        config = world_config(
-            place_start=self.cfg.sf_place_start and sf, view_start=self.cfg.sf_view_start and sf
-        )
+        c = self.cfg
+        # Served as the last trained phase carries (exported mid-run: as the current one).
+        last = self.stage if self.stage != "done" else "sf2" if c.sf2_steps else "sf" if c.sf_steps else "dit"
+        config = world_config(carry=self.carried(last))
         world = World(config, self.ema.eval(), FastStreamingDecoder(self.ae.eval()), start_image=None)
         model_dir = self.out / "model"
         save_world(world, model_dir, start_image={"kind": "game", "size": SIZE})
@@ -1637,8 +1680,9 @@ class Trainer:
                 return False
             if self.stage == "dit" and not self.train_dit():
                 return False
-            if self.stage == "sf" and not self.train_sf():
-                return False
+            while self.stage in SF_STAGES:
+                if not self.train_sf():
+                    return False
             self.export()
             return True
         finally:

@@ -111,10 +111,15 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
     train_tiny(
         out,
         *("--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16"),
-        *("--sf-blur", "1", "--sf-sprite-jitter", "2", "--sf-place-start", "true", "--sf-view-start", "true"),
+        *("--sf-blur", "1", "--sf-sprite-jitter", "2", "--sf-place-start", "true"),
+        *("--sf2-steps", "2", "--sf2-view-start", "true", "--sf2-jitter-centred", "true"),
     )
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert all("sprite_acc" in r for r in log if r["stage"] == "ae" and "loss" in r)
+    # The second self-forced phase follows the first, its learning rate warmed up afresh.
+    trained = [(r["stage"], r["step"]) for r in log if r["stage"] in ("sf", "sf2") and "loss" in r]
+    assert trained == [("sf", 1), ("sf", 2), ("sf2", 1), ("sf2", 2)]
+    assert torch.load(out / "ckpt.pt", weights_only=False)["stage"] == "done"
     data = load_file(str(out / "latents.safetensors"))
     lat = data["latents"]
     assert lat.shape == (2, 17, 11, 14, 14)  # cells, then the sprite channels (raw scale)
@@ -125,7 +130,8 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
 
     world = load_world(out / "model")
     assert world.latent_shape == (15, 12, 12)
-    assert world.config.carry_channels == tuple(range(8, 14))  # phase and place, served as trained
+    # The place carried since the first phase, the view's phase since the second: served so.
+    assert world.config.carry_channels == tuple(range(8, 14))
     assert world.decoder.ae.latents_std[12:].flatten().tolist() == [1.0, 1.0, 1.0]
     served, _ = serve_random_policy(world, 1_000_321, 2)
     assert served.shape == (9, 64, 64, 3) and np.ptp(served) > 0
@@ -162,18 +168,34 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
 
 
 @pytest.mark.parametrize(
-    ("place_start", "view_start"), [(False, False), (True, False), (False, True), (True, True)]
+    ("stage", "place_start", "view_start"),
+    [
+        ("sf", False, False),
+        ("sf", True, False),
+        ("sf", False, True),
+        ("sf", True, True),
+        ("sf2", False, True),  # the second phase's view start, the first phase's place start
+        ("sf2", True, True),
+        ("dit", False, False),
+    ],
 )
 def test_carried_channels_are_trained_to_flow_from_the_latest_history_frame(
-    place_start, view_start, tmp_path
+    stage, place_start, view_start, tmp_path
 ):
-    """`--sf-place-start` / `--sf-view-start`: in the sf stage every noisy chunk's place / phase
-    channels are (1 - sigma) * target + sigma * (that channel of the history frame before the
-    chunk), as the served sampler starts them (`World.carry`); the other channels are noised as
-    usual."""
-    cfg = TrainConfig(ae_tiled=True, ae_sprite=True, sf_place_start=place_start, sf_view_start=view_start)
+    """`--sf-place-start` / `--sf-view-start` (in the second phase `--sf2-view-start`): in a
+    self-forced phase every noisy chunk's place / phase channels are (1 - sigma) * target + sigma
+    * (that channel of the history frame before the chunk), as the served sampler starts them
+    (`World.carry`); the other channels are noised as usual."""
+    flags = {"sf_place_start": place_start}
+    if stage == "sf":
+        flags.update(sf_view_start=view_start)
+    elif stage == "sf2":
+        flags.update(sf2_steps=1, sf2_view_start=view_start)
+    else:  # the DiT stage carries nothing whatever the sf settings
+        flags.update(sf_place_start=True, sf_view_start=True)
+    cfg = TrainConfig(ae_tiled=True, ae_sprite=True, **flags)
     trainer = Trainer(cfg, tmp_path, None, progress=False)
-    trainer.stage = "sf"
+    trainer.stage = stage
     gen = torch.Generator().manual_seed(0)
     b, c, chunk = 3, 15, trainer.dit.cfg.chunk_frames
     mask, positions, f = teacher_forcing_layout(2, chunk, trainer.dit.cfg.window_frames)

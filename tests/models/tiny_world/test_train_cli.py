@@ -107,6 +107,11 @@ def test_self_forced_stage_runs_after_the_dit_and_from_a_model_directory(tmp_pat
             ["--sf-sprite-jitter", "0", "--sf-view-start", "true"],
             "--sf-view-start needs tile-aligned latents",
         ),
+        (
+            ["--sf-sprite-jitter", "0", "--sf2-steps", "10", "--sf2-view-start", "true"],
+            "--sf2-view-start needs tile-aligned latents",
+        ),
+        (["--sf-sprite-jitter", "0", "--sf-steps", "0", "--sf2-steps", "10"], "needs --sf-steps > 0"),
     ],
 )
 def test_an_sf_stage_the_latents_cannot_serve_stops_before_any_training(flags, message, tmp_path: Path):
