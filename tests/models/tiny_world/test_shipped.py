@@ -13,7 +13,7 @@ import torch
 
 from models.actions import FrameAction
 from models.registry import DEFAULT_MODEL, from_name
-from models.tiny_world import WEIGHTS_DIR
+from models.tiny_world import WEIGHTS_DIR, view_channels
 from models.tiny_world.metrics import KEY_AXES, free_worlds, world_displacement
 from models.tiny_world.train import TrainConfig, Trainer
 from models.world import Conditioning
@@ -47,7 +47,11 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     cfg = TrainConfig()
     recipe = {"ae_tiled": True, "ae_sprite": True, "dit_steps": 2000, "sf_steps": 250, "sf_blur": 0.0}
     assert {k: getattr(cfg, k) for k in recipe} == recipe and cfg.sf_sprite_jitter == 4
+    second = {"sf2_steps": 250, "sf2_view_start": True, "sf2_jitter_centred": True}
+    assert {k: getattr(cfg, k) for k in second} == second
     trainer = Trainer(cfg, tmp_path, None, progress=False)
+    # Served as its last phase trained: the view's phase carried from the latest frame.
+    assert world.config.carry_channels == trainer.carried("sf2") == view_channels()
     stats = {"latents_mean", "latents_std"}
     shipped = {k: v for k, v in asdict(world.decoder.ae.cfg).items() if k not in stats}
     assert {k: v for k, v in asdict(trainer.ae.cfg).items() if k not in stats} == shipped
