@@ -107,6 +107,9 @@ from models.world import World
 
 STAGES = ("ae", "dit", "sf", "sf2", "done")
 SF_STAGES = ("sf", "sf2")
+# Settings whose default changed the recipe when they were added: their value before, so a run
+# checkpointed before them resumes (and exports) as it was started.
+ABSENT = {"sf2_steps": 0}
 # Anchored targets (`sf_target` "anchor"): how far (frame pixels) the model's view may have
 # drifted from the game's and still be found, and how well it must match the game's terrain
 # there (PSNR, dB) to be trained on; below it the model's world no longer is the game's map.
@@ -180,7 +183,7 @@ class TrainConfig:
     sf_view_start: bool = False
     # A second self-forced phase, `sf2` (0 steps: none): from the sf stage's EMA, `sf2_steps` more
     # steps with the sf stage's settings, except the view carried and the jitter centred as below
-    # (model card, AP: carried from the dit stage's EMA instead, the view costs the scroll).
+    # (model card, AP-AR: carried from the dit stage's EMA instead, AQ, the view costs the scroll).
     sf2_steps: int = 250
     sf2_view_start: bool = True  # its sf_view_start
     sf2_jitter_centred: bool = True  # its sf_jitter_centred
@@ -190,9 +193,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
-        """Inverse of `asdict` (unknown keys ignored)."""
+        """Inverse of `asdict` (unknown keys ignored; a setting newer than `data`, as in an older
+        run's checkpoint, takes its value from before it existed, `ABSENT`, else the default)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**{**ABSENT, **{k: v for k, v in data.items() if k in names}})
 
 
 # --- pure helpers (tested) ---------------------------------------------------------------------
@@ -861,7 +865,8 @@ class Trainer:
     def begin_sf(self) -> None:
         """Enter a self-forced phase (`sf`, then `sf2`): train on from the EMA weights with a fresh
         optimiser and the stage's own RNGs (so a phase does not depend on how the one before it
-        was reached; `sf2` from the shipped weights with `--init-from` is the same run)."""
+        was reached: `--init-from` a model with the `sf2` settings as the sf stage's computes
+        the same phase)."""
         c = self.cfg
         self.step = 0
         if self.stage == "sf" and (ema := self.sf_arch(self.ema)) is not None:

@@ -100,6 +100,19 @@ def test_self_forced_stage_runs_after_the_dit_and_from_a_model_directory(tmp_pat
     assert "done" in capsys.readouterr().out
 
 
+def test_a_run_checkpointed_before_the_second_phase_resumes_without_it(tmp_path: Path, capsys):
+    out = tmp_path / "run"
+    assert main(["--out", str(out), "--minutes", "0", *TINY, "--sf2-steps", "0"]) == 0
+    state = torch.load(out / "ckpt.pt", weights_only=False)
+    del state["config"]["sf2_steps"], state["config"]["sf2_view_start"], state["config"]["sf2_jitter_centred"]
+    torch.save(state, out / "ckpt.pt")  # as written before `sf2` existed
+    assert main(["--out", str(out), "--resume", "--no-progress", "--threads", "1"]) == 0
+    assert "done" in capsys.readouterr().out
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in log if "loss" in r][-1] == "sf"  # no second phase appended
+    assert load_world(out / "model").config.carry_channels == ()
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
