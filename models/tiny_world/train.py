@@ -1724,7 +1724,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--init-from",
         type=Path,
         default=None,
-        help="experiments: start at the sf stage from an exported model directory (e.g. the shipped weights)",
+        help="experiments: start at the sf stage from an exported model directory (e.g. the shipped "
+        "weights); sf2 follows unless --sf2-steps 0",
     )
     parser.add_argument(
         "--export-only",
