@@ -184,7 +184,7 @@ class TrainConfig:
     # A second self-forced phase, `sf2` (0 steps: none): from the sf stage's EMA, `sf2_steps` more
     # steps with the sf stage's settings, except the view carried and the jitter centred as below
     # (model card, AP-AR: carried from the dit stage's EMA instead, AQ, the view costs the scroll).
-    sf2_steps: int = 250
+    sf2_steps: int = 500
     sf2_view_start: bool = True  # its sf_view_start
     sf2_jitter_centred: bool = True  # its sf_jitter_centred
     warmup: int = 200  # linear warm-up steps of both optimisers

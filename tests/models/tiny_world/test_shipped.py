@@ -47,7 +47,7 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     cfg = TrainConfig()
     recipe = {"ae_tiled": True, "ae_sprite": True, "dit_steps": 2000, "sf_steps": 250, "sf_blur": 0.0}
     assert {k: getattr(cfg, k) for k in recipe} == recipe and cfg.sf_sprite_jitter == 4
-    second = {"sf2_steps": 250, "sf2_view_start": True, "sf2_jitter_centred": True}
+    second = {"sf2_steps": 500, "sf2_view_start": True, "sf2_jitter_centred": True}
     assert {k: getattr(cfg, k) for k in second} == second
     trainer = Trainer(cfg, tmp_path, None, progress=False)
     # Served as its last phase trained: the view's phase carried from the latest frame.
