@@ -107,6 +107,49 @@ class ActionConfig:
 
 
 @dataclass
+class MarkerConfig:
+    """Per-cell input channels that say where a sprite is relative to each latent cell, for
+    tile-aligned latents with a sprite layer (models/fast_decoder.py): the view's phase on its
+    canvas (cos, sin of 2 pi p / 2s per axis) and the sprite's centre in view pixels are the same
+    in every cell, so without them a token learns where the player is relative to itself only by
+    comparing those numbers with its own place, which RoPE does not give it (issue 11: the view
+    walks through walls next to the player). The marker is computed from the latents themselves,
+    so every pass (noisy chunk, clean history, cached or dense) sees the same function of its input."""
+
+    phase: int  # first of the 4 phase channels (cos x, sin x, cos y, sin y)
+    place: int  # first of the 2 sprite centre channels (x, y)
+    mean: tuple[float, ...]  # the 6 raw = z * std + mean statistics of those channels, phase first
+    std: tuple[float, ...]
+    spatial: int = 8  # canvas pixels per cell
+    frame_size: int = 64  # view pixels
+    scale: float = 4.0  # view pixels per unit of a raw centre channel
+    reach: float = 2.0  # cells: offsets saturate beyond this
+
+    channels = 2  # marker channels appended to the latents: the sprite's offset from the cell, x and y
+
+
+def sprite_marker(x: torch.Tensor, cfg: MarkerConfig) -> torch.Tensor:
+    """Latents (B, C, F, H, W) -> marker channels (B, 2, F, H, W): the sprite's centre minus each
+    cell's centre, in cells, clamped to +-reach and divided by it. The phase and the place are
+    averaged over a frame's cells first (so a noisy frame's marker is its best estimate)."""
+    idx = [cfg.phase + i for i in range(4)] + [cfg.place, cfg.place + 1]
+    mean = torch.tensor(cfg.mean, dtype=x.dtype, device=x.device)
+    std = torch.tensor(cfg.std, dtype=x.dtype, device=x.device)
+    raw = x[:, idx].mean(dim=(3, 4)) * std[:, None] + mean[:, None]  # (B, 6, F)
+    s = cfg.spatial
+    p = torch.atan2(raw[:, 1:4:2], raw[:, 0:4:2]) * (s / math.pi)  # (B, 2, F) in (-s, s]
+    p = torch.where(p < -s / 2, p + 2 * s, p)  # the canvas convention: [-s/2, 3s/2)
+    centre = 2 * s + p + raw[:, 4:6] * cfg.scale + cfg.frame_size / 2  # canvas pixels
+    h, w = x.shape[3:]
+    cx = torch.arange(w, device=x.device, dtype=x.dtype) * s + s / 2
+    cy = torch.arange(h, device=x.device, dtype=x.dtype) * s + s / 2
+    dx = (centre[:, 0, :, None, None] - cx) / s  # (B, F, 1, W)
+    dy = (centre[:, 1, :, None, None] - cy[:, None]) / s  # (B, F, H, 1)
+    out = torch.stack([dx.expand(-1, -1, h, w), dy.expand(-1, -1, h, w)], dim=1)
+    return out.clamp(-cfg.reach, cfg.reach) / cfg.reach
+
+
+@dataclass
 class CausalWanConfig:
     """diffusers' `WanTransformer3DModel` config plus the causal rollout settings."""
 
@@ -132,6 +175,7 @@ class CausalWanConfig:
     action: ActionConfig | None = None  # None: no action module
     image_dim: int | None = None  # I2V (Matrix-Game): CLIP token width; cross-attention reads img_emb(tokens)
     cond_frames: int = 0  # I2V: latent frames of per-session conditioning kept (later frames reuse the last)
+    marker: MarkerConfig | None = None  # per-cell sprite marker channels appended to the input (tiny world)
 
     @property
     def dim(self) -> int:
@@ -221,6 +265,11 @@ class CausalWanConfig:
             action = dict(action)
             action["keys"] = tuple(action.get("keys", ()))
             kwargs["action"] = ActionConfig(**action)
+        marker = kwargs.get("marker")
+        if isinstance(marker, dict):
+            kwargs["marker"] = MarkerConfig(
+                **{**marker, "mean": tuple(marker["mean"]), "std": tuple(marker["std"])}
+            )
         return cls(**kwargs)
 
 
@@ -493,8 +542,9 @@ class CausalWan(nn.Module):
             raise ValueError("window_frames must hold at least one chunk")
         self.cfg = cfg
         dim = cfg.dim
+        marked = MarkerConfig.channels if cfg.marker else 0
         self.patch_embedding = nn.Conv3d(
-            cfg.in_channels, dim, kernel_size=cfg.patch_size, stride=cfg.patch_size
+            cfg.in_channels + marked, dim, kernel_size=cfg.patch_size, stride=cfg.patch_size
         )
         self.condition_embedder = WanTimeTextImageEmbedding(
             dim=dim,
@@ -615,6 +665,8 @@ class CausalWan(nn.Module):
         return temb.unflatten(0, shape), tproj.unflatten(0, shape).unflatten(-1, (6, -1))
 
     def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        if self.cfg.marker is not None:
+            x = torch.cat([x, sprite_marker(x, self.cfg.marker)], dim=1)
         p = self.cfg.patch_size
         grid = (x.shape[2] // p[0], x.shape[3] // p[1], x.shape[4] // p[2])
         return self.patch_embedding(x).flatten(2).transpose(1, 2).contiguous(), grid

@@ -5,6 +5,7 @@ the benchmarks agree on it:
 
 * `ae_config()`    the fast autoencoder (models/fast_decoder.py): per-frame 8x8x8 latents of a 64x64 frame;
 * `dit_config()`   the causal Wan DiT with the keyboard action module (the game's KEYS, no mouse);
+* `marker_config()` the DiT's per-cell sprite marker on those latents (a DiT trained with `--sf2-marker`);
 * `world_config()` serving settings: 30 fps, image start, the few-step schedule, context noise,
   the sampler's carried channels (`carried_channels()`: the player's place, the view's phase);
 * `start_image(seed)` the simulator's first frame for a session seed (what a session starts from);
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.causal_wan import ActionConfig, CausalWanConfig
-from models.fast_decoder import PHASE_CHANNELS, SPRITE_CHANNELS, FastAEConfig
+from models.causal_wan import ActionConfig, CausalWanConfig, MarkerConfig
+from models.fast_decoder import PHASE_CHANNELS, SPRITE_CHANNELS, SPRITE_SCALE, FastAEConfig
 from models.game import FPS, KEYS, Game, GameConfig
 from models.sampler import FlowSchedule
 from models.world import WorldConfig
@@ -100,6 +101,24 @@ def view_channels() -> tuple[int, ...]:
     the shipped latents."""
     ph = ae_config(tiled=True, sprite=True).phase_slice
     return tuple(range(ph.start, ph.stop))
+
+
+def marker_config(ae: FastAEConfig) -> MarkerConfig:
+    """The DiT's per-cell sprite marker (`MarkerConfig`) for tile-aligned latents with a sprite
+    layer whose statistics are set (`FastAutoencoder.set_normalisation`)."""
+    if not (ae.frame_size and ae.sprite and ae.latents_mean):
+        raise ValueError("the sprite marker needs tile-aligned latents with a sprite layer, normalised")
+    ph, sp = ae.phase_slice, ae.sprite_slice
+    idx = [*range(ph.start, ph.stop), sp.start, sp.start + 1]
+    return MarkerConfig(
+        phase=ph.start,
+        place=sp.start,
+        mean=tuple(float(ae.latents_mean[i]) for i in idx),
+        std=tuple(float(ae.latents_std[i]) for i in idx),
+        spatial=ae.spatial,
+        frame_size=ae.frame_size,
+        scale=SPRITE_SCALE,
+    )
 
 
 def carried_channels(place: bool = False, view: bool = False) -> tuple[int, ...]:

@@ -95,12 +95,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from models.causal_wan import CausalWan, frame_attention_mask
+from models.causal_wan import CausalWan, CausalWanConfig, MarkerConfig, frame_attention_mask
 from models.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDecoder
 from models.game import Game, GameConfig, GameError, random_policy
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry
-from models.tiny_world import SIZE, ae_config, carried_channels, dit_config, world_config
+from models.tiny_world import SIZE, ae_config, carried_channels, dit_config, marker_config, world_config
 from models.tiny_world.data import FOCUS_POLICY, Episodes, make_episodes
 from models.tiny_world.metrics import off_centre
 from models.world import World
@@ -187,6 +187,9 @@ class TrainConfig:
     sf2_steps: int = 500
     sf2_view_start: bool = True  # its sf_view_start
     sf2_jitter_centred: bool = True  # its sf_jitter_centred
+    # The phase's DiT also reads, per latent cell, where the player is relative to that cell
+    # (`with_marker`, `MarkerConfig`): its input layer grows two zero-initialised channels.
+    sf2_marker: bool = False
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -423,6 +426,21 @@ def deepen(dit: CausalWan, layers: int, seed: int) -> CausalWan:
         else:
             for key in [k for k in state if k.startswith(tuple(f"blocks.{j}.{r}" for r in residual))]:
                 state[key] = torch.zeros_like(state[key])
+    out.load_state_dict(state)
+    return out
+
+
+def with_marker(dit: CausalWan, marker: MarkerConfig) -> CausalWan:
+    """A copy of `dit` that also reads the per-cell sprite marker (`sprite_marker`): the patch
+    embedding grows the marker's input channels with zero weights, so the copy computes exactly
+    what `dit` does until training gives them weight."""
+    if dit.cfg.marker is not None:
+        raise ValueError("the DiT already reads a marker")
+    out = CausalWan(replace(dit.cfg, marker=marker))
+    state = dict(dit.state_dict())
+    w = state["patch_embedding.weight"]  # (D, C, 1, ph, pw)
+    pad = w.new_zeros(w.shape[0], MarkerConfig.channels, *w.shape[2:])
+    state["patch_embedding.weight"] = torch.cat([w, pad], dim=1)
     out.load_state_dict(state)
     return out
 
@@ -754,6 +772,8 @@ class Trainer:
             raise SystemExit(
                 "--sf2-view-start needs tile-aligned latents (--ae-tiled true; or --sf2-view-start false)"
             )
+        if cfg.sf2_steps and cfg.sf2_marker and not cfg.ae_sprite:
+            raise SystemExit("--sf2-marker needs a sprite layer (--ae-sprite true; or --sf2-marker false)")
         self.ae = FastAutoencoder(ae_config(cfg.ae_tiled, cfg.ae_sprite))
         self.dit = CausalWan(dit_config(self.ae.cfg.latent_channels))
         self.ema = CausalWan(dit_config(self.ae.cfg.latent_channels))
@@ -794,6 +814,7 @@ class Trainer:
                 "ae_opt": self.ae_opt.state_dict(),
                 "dit": self.dit.state_dict(),
                 "ema": self.ema.state_dict(),
+                "dit_cfg": self.ema.cfg.to_dict(),
                 "dit_opt": self.dit_opt.state_dict(),
                 "rng": rng_state(self.rng, self.gen),
                 **(
@@ -814,7 +835,13 @@ class Trainer:
         if mean:
             self.ae.set_normalisation(torch.tensor(mean), torch.tensor(std))
         self.ae_opt.load_state_dict(state["ae_opt"])
-        if self.stage in (*SF_STAGES, "done") and (ema := self.sf_arch(self.ema)) is not None:
+        ema = self.ema
+        if "dit_cfg" in state:
+            if (cfg := CausalWanConfig.from_dict(state["dit_cfg"])) != ema.cfg:
+                ema = CausalWan(cfg)
+        elif self.stage in (*SF_STAGES, "done"):  # a checkpoint from before the shape was recorded
+            ema = self.sf_arch(ema) or ema
+        if ema is not self.ema:
             # The checkpoint holds the reshaped modules: build their shapes before loading.
             self.ema = ema.requires_grad_(False)
             self.dit = CausalWan(self.ema.cfg)
@@ -857,6 +884,8 @@ class Trainer:
         self.ae.load_state_dict(world.decoder.ae.state_dict())
         ae_cfg = world.decoder.ae.cfg
         self.ae.set_normalisation(torch.tensor(ae_cfg.latents_mean), torch.tensor(ae_cfg.latents_std))
+        if world.transformer.cfg.marker is not None:
+            self.ema = with_marker(self.ema, world.transformer.cfg.marker).requires_grad_(False)
         self.ema.load_state_dict(world.transformer.state_dict())
         self.stage = "sf"
         self.begin_sf()
@@ -871,6 +900,9 @@ class Trainer:
         self.step = 0
         if self.stage == "sf" and (ema := self.sf_arch(self.ema)) is not None:
             self.ema = ema.requires_grad_(False)
+            self.dit = CausalWan(self.ema.cfg)
+        if self.stage == "sf2" and self.marks() and self.ema.cfg.marker is None:
+            self.ema = with_marker(self.ema, marker_config(self.ae.cfg)).requires_grad_(False)
             self.dit = CausalWan(self.ema.cfg)
         self.dit.load_state_dict(self.ema.state_dict())
         self.dit_opt = torch.optim.AdamW(
@@ -922,6 +954,10 @@ class Trainer:
         if c.sf_layers:
             out = deepen(out or dit, c.sf_layers, seed=c.seed + 4_000_037)
         return out
+
+    def marks(self) -> bool:
+        """Whether the `sf2` phase adds the sprite marker (`with_marker`)."""
+        return bool(self.cfg.sf_steps and self.cfg.sf2_steps and self.cfg.sf2_marker)
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
