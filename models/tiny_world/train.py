@@ -187,9 +187,10 @@ class TrainConfig:
     sf2_steps: int = 500
     sf2_view_start: bool = True  # its sf_view_start
     sf2_jitter_centred: bool = True  # its sf_jitter_centred
-    # The phase's DiT also reads, per latent cell, where the player is relative to that cell
-    # (`with_marker`, `MarkerConfig`): its input layer grows two zero-initialised channels.
-    sf2_marker: bool = False
+    # From this stage on ("dit", "sf" or "sf2"; "": never) the DiT also reads, per latent cell,
+    # where the player is relative to that cell (`with_marker`, `MarkerConfig`): its input layer
+    # grows two zero-initialised channels there.
+    marker: str = ""
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -772,8 +773,12 @@ class Trainer:
             raise SystemExit(
                 "--sf2-view-start needs tile-aligned latents (--ae-tiled true; or --sf2-view-start false)"
             )
-        if cfg.sf2_steps and cfg.sf2_marker and not cfg.ae_sprite:
-            raise SystemExit("--sf2-marker needs a sprite layer (--ae-sprite true; or --sf2-marker false)")
+        if cfg.marker:
+            runs = {"dit": cfg.dit_steps, "sf": cfg.sf_steps, "sf2": cfg.sf_steps and cfg.sf2_steps}
+            if not runs.get(cfg.marker):
+                raise SystemExit(f"--marker names a stage this run trains (dit, sf, sf2), not {cfg.marker!r}")
+            if not cfg.ae_sprite:
+                raise SystemExit("--marker needs a sprite layer (--ae-sprite true; or --marker '')")
         self.ae = FastAutoencoder(ae_config(cfg.ae_tiled, cfg.ae_sprite))
         self.dit = CausalWan(dit_config(self.ae.cfg.latent_channels))
         self.ema = CausalWan(dit_config(self.ae.cfg.latent_channels))
@@ -901,9 +906,7 @@ class Trainer:
         if self.stage == "sf" and (ema := self.sf_arch(self.ema)) is not None:
             self.ema = ema.requires_grad_(False)
             self.dit = CausalWan(self.ema.cfg)
-        if self.stage == "sf2" and self.marks() and self.ema.cfg.marker is None:
-            self.ema = with_marker(self.ema, marker_config(self.ae.cfg)).requires_grad_(False)
-            self.dit = CausalWan(self.ema.cfg)
+        self.mark()
         self.dit.load_state_dict(self.ema.state_dict())
         self.dit_opt = torch.optim.AdamW(
             self.dit.parameters(), lr=c.sf_lr, betas=(0.9, 0.99), weight_decay=0.01
@@ -955,9 +958,16 @@ class Trainer:
             out = deepen(out or dit, c.sf_layers, seed=c.seed + 4_000_037)
         return out
 
-    def marks(self) -> bool:
-        """Whether the `sf2` phase adds the sprite marker (`with_marker`)."""
-        return bool(self.cfg.sf_steps and self.cfg.sf2_steps and self.cfg.sf2_marker)
+    def mark(self) -> None:
+        """Give the DiT (and its EMA) the sprite marker (`with_marker`) if the current stage reads
+        it and they do not yet (a fresh optimiser follows in every stage that can start here)."""
+        m = self.cfg.marker
+        if not m or STAGES.index(self.stage) < STAGES.index(m) or self.ema.cfg.marker is not None:
+            return
+        marker = marker_config(self.ae.cfg)
+        self.ema = with_marker(self.ema, marker).requires_grad_(False)
+        self.dit = with_marker(self.dit, marker)
+        self.dit_opt = torch.optim.AdamW(self.dit.parameters(), betas=(0.9, 0.99), weight_decay=0.01)
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -1237,8 +1247,9 @@ class Trainer:
 
     def train_dit(self) -> bool:
         """Returns False when the time limit stopped it."""
-        c, dit = self.cfg, self.dit
         lat, acts, cams, _ = self.latents()
+        self.mark()
+        c, dit = self.cfg, self.dit
         self.episodes = None  # the frames are no longer needed
         dcfg = dit.cfg
         mask, positions, f = teacher_forcing_layout(c.clip_chunks, dcfg.chunk_frames, dcfg.window_frames)

@@ -1,5 +1,5 @@
 """The DiT's per-cell sprite marker (`MarkerConfig`, `sprite_marker`, `with_marker`,
-`--sf2-marker`): each latent cell is told where the player is relative to itself. The marker
+`--marker`): each latent cell is told where the player is relative to itself. The marker
 puts the game's player in its world tile; it reads the canvas' whole phase range; a marked copy
 of a DiT computes what the original does until the marker has weight; the cached and the dense
 forward see the same marker; the CLI trains, exports and resumes a marked model."""
@@ -113,18 +113,18 @@ def test_the_cached_and_the_dense_forward_see_the_same_marker(make_model):
     assert (rollout(model, moved[:-1], moved[-1], 500.0, text) - got).abs().max().item() > 1e-3
 
 
-def test_the_cli_trains_exports_and_resumes_a_marked_model(tmp_path: Path):
+@pytest.mark.parametrize("first", ["dit", "sf2"])
+def test_the_cli_trains_exports_and_resumes_a_marked_model(first: str, tmp_path: Path):
+    """`--marker STAGE`: the DiT reads the marker from that stage on (from the DiT stage: from
+    its random start)."""
     out = tmp_path / "run"
-    train_tiny(
-        out,
-        *("--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16", "--sf-sprite-jitter", "2"),
-        *("--sf2-steps", "2", "--sf2-marker", "true"),
-    )
+    tiled = ("--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16", "--sf-sprite-jitter", "2")
+    train_tiny(out, *tiled, "--sf2-steps", "2", "--marker", first)
     state = torch.load(out / "ckpt.pt", weights_only=False)
     assert state["stage"] == "done" and state["dit_cfg"]["marker"] is not None
     world = load_world(out / "model")
     assert world.transformer.cfg.marker == marker_config(world.decoder.ae.cfg)
-    assert world.transformer.patch_embedding.weight[:, 15:].abs().sum() > 0  # trained in sf2
+    assert world.transformer.patch_embedding.weight[:, 15:].abs().sum() > 0  # trained
     served, _ = serve_random_policy(world, 1_000_321, 2)
     assert served.shape == (9, 64, 64, 3)
     # Resuming the finished run builds the marked modules before loading their weights.
@@ -134,6 +134,10 @@ def test_the_cli_trains_exports_and_resumes_a_marked_model(tmp_path: Path):
         assert torch.equal(again[name], value), name
 
 
-def test_the_marker_needs_a_sprite_layer(tmp_path: Path):
+def test_the_marker_needs_a_sprite_layer_and_a_stage_that_runs(tmp_path: Path):
     with pytest.raises(SystemExit, match="sprite layer"):
-        train_tiny(tmp_path / "run", "--ae-tiled", "true", "--sf2-steps", "2", "--sf2-marker", "true")
+        train_tiny(tmp_path / "a", "--ae-tiled", "true", "--sf2-steps", "2", "--marker", "sf2")
+    with pytest.raises(SystemExit, match="names a stage"):
+        train_tiny(tmp_path / "b", "--ae-tiled", "true", "--ae-sprite", "true", "--marker", "sf2")
+    with pytest.raises(SystemExit, match="names a stage"):
+        train_tiny(tmp_path / "c", "--ae-tiled", "true", "--ae-sprite", "true", "--marker", "ae")
