@@ -5,7 +5,7 @@ the benchmarks agree on it:
 
 * `ae_config()`    the fast autoencoder (models/fast_decoder.py): per-frame 8x8x8 latents of a 64x64 frame;
 * `dit_config()`   the causal Wan DiT with the keyboard action module (the game's KEYS, no mouse);
-* `marker_config()` the DiT's per-cell sprite marker on those latents (a DiT trained with `--sf2-marker`);
+* `marker_config()` the DiT's per-cell sprite marker on those latents (a DiT trained with `--marker`);
 * `world_config()` serving settings: 30 fps, image start, the few-step schedule, context noise,
   the sampler's carried channels (`carried_channels()`: the player's place, the view's phase);
 * `start_image(seed)` the simulator's first frame for a session seed (what a session starts from);
