@@ -451,7 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--context-noise", type=float, default=None, help="override context_noise")
     parser.add_argument("--sampler", choices=("renoise", "euler"), default=None, help="override the sampler")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    parser.add_argument("--tag", default="", help="suffix of the output file names")
+    parser.add_argument(
+        "--tag", default="", help="suffix of the output file names, after an underscore (x: ..._eval_x.json)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
