@@ -65,9 +65,15 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              centre (the camera stopped at the world's border; `off_centre_starts`).
              `sf_place_start` / `sf_view_start`: the player's place / the view's phase channels
              of each noisy chunk start from the history's latest frame, as served (`carry`).
+             `sf_phase_weight`: the view's phase channels (the motion) weigh that much in the
+             flow loss. `sf_stop_weight`: the chunks in which a held key starts to be blocked
+             (`stop_onsets`: the player walks into a wall) weigh that much.
     sf2      a second self-forced phase (`sf2_steps` > 0), from the sf stage's EMA with a fresh
              optimiser: the sf stage's settings with `sf2_view_start` and `sf2_jitter_centred`
              in place of theirs. The served world carries what the last phase carried.
+    sf3      a third self-forced phase (`sf3_steps` > 0), from the sf2 phase's EMA with a fresh
+             optimiser: sf2's settings with the view's phase channels weighted `sf3_phase_weight`
+             in the flow loss (`sf_phase_weight`: the motion, against the cells).
     export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
@@ -101,15 +107,15 @@ from models.game import Game, GameConfig, GameError, random_policy
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry
 from models.tiny_world import SIZE, ae_config, carried_channels, dit_config, marker_config, world_config
-from models.tiny_world.data import FOCUS_POLICY, Episodes, make_episodes
-from models.tiny_world.metrics import off_centre
+from models.tiny_world.data import FOCUS_POLICY, KEYS, Episodes, make_episodes
+from models.tiny_world.metrics import KEY_AXES, off_centre
 from models.world import World
 
-STAGES = ("ae", "dit", "sf", "sf2", "done")
-SF_STAGES = ("sf", "sf2")
+STAGES = ("ae", "dit", "sf", "sf2", "sf3", "done")
+SF_STAGES = ("sf", "sf2", "sf3")
 # Settings whose default changed the recipe when they were added: their value before, so a run
 # checkpointed before them resumes (and exports) as it was started.
-ABSENT = {"sf2_steps": 0}
+ABSENT = {"sf2_steps": 0, "sf3_steps": 0}
 # Anchored targets (`sf_target` "anchor"): how far (frame pixels) the model's view may have
 # drifted from the game's and still be found, and how well it must match the game's terrain
 # there (PSNR, dB) to be trained on; below it the model's world no longer is the game's map.
@@ -143,7 +149,7 @@ class TrainConfig:
     p_schedule_sigma: float = 0.5  # share of chunks trained exactly at the serving schedule's sigmas
     loss_weight: str = "flow"  # "flow": MSE on noise - x0; "x0": the same weighted by sigma^2 (x0 error)
     ema: float = 0.999  # EMA decay of the shipped DiT weights
-    # self-forced second stage (0 steps: none)
+    # self-forced second stage (0 steps: none, and no phase after it)
     sf_steps: int = 250  # optimiser steps (0: no second stage)
     sf_batch: int = 8  # clips per step
     sf_lr: float = 3e-4  # peak AdamW learning rate (cosine decay to 5%)
@@ -187,13 +193,37 @@ class TrainConfig:
     sf2_steps: int = 500
     sf2_view_start: bool = True  # its sf_view_start
     sf2_jitter_centred: bool = True  # its sf_jitter_centred
-    # From this stage on ("dit", "sf" or "sf2"; "": never) the DiT also reads, per latent cell,
+    # A third self-forced phase, `sf3` (0 steps: none): from the sf2 phase's EMA, `sf3_steps` more
+    # steps with sf2's settings, except the view's phase channels weighted in the flow loss, so
+    # the view follows a held key at the game's speed (model card, AX; AU: weight 4).
+    sf3_steps: int = 250
+    sf3_phase_weight: float = 2.0  # its sf_phase_weight
+    # From this stage on ("dit", "sf", "sf2" or "sf3"; "": never) the DiT also reads, per latent cell,
     # where the player is relative to that cell (`with_marker`, `MarkerConfig`): its input layer
     # grows two zero-initialised channels there.
     marker: str = ""
+    # Weight of the view's phase channels (the motion: where each frame lies on the map) in the
+    # self-forced phases' flow loss; > 1 stresses moving and stopping (walls) against the cells.
+    sf_phase_weight: float = 1.0
+    # Loss weight of the self-forced phases' chunks in which a held key starts to be blocked (the
+    # player walks into a wall: `stop_onsets`). The view's motion persists in almost every chunk,
+    # so a model that continues its history's motion is nearly always right; these chunks are
+    # the ones that teach walls.
+    sf_stop_weight: float = 1.0
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
+
+    def dit_stages(self) -> tuple[str, ...]:
+        """The DiT stages this run trains, in order: a self-forced phase continues the one before
+        it, so none runs after one of 0 steps."""
+        steps = {"dit": self.dit_steps, "sf": self.sf_steps, "sf2": self.sf2_steps, "sf3": self.sf3_steps}
+        out: list[str] = []
+        for stage, n in steps.items():
+            if n <= 0 and stage != "dit":
+                break
+            out.append(stage)
+        return tuple(out)
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
@@ -512,6 +542,28 @@ def idle_clips(actions: torch.Tensor) -> torch.Tensor:
     return actions[:, 1:].flatten(1).abs().sum(1) == 0
 
 
+def stop_onsets(actions: torch.Tensor, cameras: torch.Tensor, players: torch.Tensor) -> torch.Tensor:
+    """(E, N+1) bool: the episode frames in which a held movement key starts to be blocked: the
+    player's place in the world (camera + screen position) does not advance in the key's
+    direction, though it did in the frame before or the key was not held then (frame 0: never).
+    `actions` (E, N+1, width) rows (frame t's row is the action that led to it), `cameras` and
+    `players` (E, N+1, 2) in frame pixels."""
+    world = (cameras + players).float()
+    step = world[:, 1:] - world[:, :-1]  # (E, N, 2): frame t-1 -> t
+    onset = torch.zeros(actions.shape[:2], dtype=torch.bool)
+    for key, axis, sign in KEY_AXES:
+        blocked = (actions[:, 1:, KEYS.index(key)] > 0) & (step[..., axis] * sign <= 0)  # (E, N)
+        onset[:, 1] |= blocked[:, 0]
+        onset[:, 2:] |= blocked[:, 1:] & ~blocked[:, :-1]
+    return onset
+
+
+def stop_chunks(onsets: torch.Tensor, e: np.ndarray, idx: np.ndarray, chunk: int) -> torch.Tensor:
+    """(B, chunks) bool: which noisy chunks of clips (episode `e` (B,), frames `idx` (B, F), a
+    start frame then whole chunks) hold a frame of `onsets` (E, N+1) (`stop_onsets`)."""
+    return onsets[e[:, None], idx[:, 1:]].view(len(e), -1, chunk).any(-1)
+
+
 def off_centre_starts(players: torch.Tensor, first: int, last: int) -> np.ndarray:
     """(K, 2) (episode, frame) of every frame in [first, last] of episodes whose player's screen
     positions are `players` (E, N, 2) where the game has the player off the view's centre."""
@@ -767,16 +819,19 @@ class Trainer:
             raise SystemExit(
                 "--sf-view-start needs tile-aligned latents (--ae-tiled true; or --sf-view-start false)"
             )
-        if cfg.sf2_steps and not cfg.sf_steps:
-            raise SystemExit("--sf2-steps continues the sf stage; it needs --sf-steps > 0")
-        if cfg.sf2_steps and cfg.sf2_view_start and not cfg.ae_tiled:
+        stages = cfg.dit_stages()
+        if "sf2" in stages and cfg.sf2_view_start and not cfg.ae_tiled:
             raise SystemExit(
                 "--sf2-view-start needs tile-aligned latents (--ae-tiled true; or --sf2-view-start false)"
             )
+        if min(cfg.sf_phase_weight, cfg.sf3_phase_weight, cfg.sf_stop_weight) <= 0:
+            raise SystemExit("--sf-phase-weight, --sf3-phase-weight, --sf-stop-weight: loss weights > 0")
+        phase_weighted = cfg.sf_phase_weight != 1.0 or ("sf3" in stages and cfg.sf3_phase_weight != 1.0)
+        if phase_weighted and not cfg.ae_tiled:
+            raise SystemExit("--sf-phase-weight weighs the phase of tile-aligned latents (--ae-tiled true)")
         if cfg.marker:
-            runs = {"dit": cfg.dit_steps, "sf": cfg.sf_steps, "sf2": cfg.sf_steps and cfg.sf2_steps}
-            if not runs.get(cfg.marker):
-                raise SystemExit(f"--marker names a stage this run trains (dit, sf, sf2), not {cfg.marker!r}")
+            if cfg.marker not in stages:
+                raise SystemExit(f"--marker names a stage this run trains {stages}, not {cfg.marker!r}")
             if not cfg.ae_sprite:
                 raise SystemExit("--marker needs a sprite layer (--ae-sprite true; or --marker '')")
         self.ae = FastAutoencoder(ae_config(cfg.ae_tiled, cfg.ae_sprite))
@@ -796,6 +851,7 @@ class Trainer:
         self.critic: FrameCritic | None = None  # the sf stage's adversary (`sf_adv` > 0)
         self.critic_opt: torch.optim.Optimizer | None = None
         self.adv_log: dict[str, float] = {}  # the critic's last losses, for the train log
+        self.phase_log: dict[str, float] = {}  # the last step's unweighted loss on the phase channels
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -897,7 +953,7 @@ class Trainer:
         self.log({"init_from": str(model_dir)})
 
     def begin_sf(self) -> None:
-        """Enter a self-forced phase (`sf`, then `sf2`): train on from the EMA weights with a fresh
+        """Enter a self-forced phase (`sf`, then `sf2`, `sf3`): train on from the EMA weights with a fresh
         optimiser and the stage's own RNGs (so a phase does not depend on how the one before it
         was reached: `--init-from` a model with the `sf2` settings as the sf stage's computes
         the same phase)."""
@@ -928,12 +984,17 @@ class Trainer:
 
     def sf_config(self, stage: str | None = None) -> TrainConfig:
         """The settings a self-forced phase (default: the current stage) trains by: the run's, or
-        in `sf2` the run's with that phase's steps, view start and jitter."""
+        in `sf2` the run's with that phase's steps, view start and jitter, in `sf3` sf2's with
+        its own steps and phase weight."""
         c = self.cfg
-        if (stage or self.stage) != "sf2":
+        stage = stage or self.stage
+        if stage not in ("sf2", "sf3"):
             return c
-        return replace(
+        sf2 = replace(
             c, sf_steps=c.sf2_steps, sf_view_start=c.sf2_view_start, sf_jitter_centred=c.sf2_jitter_centred
+        )
+        return (
+            sf2 if stage == "sf2" else replace(sf2, sf_steps=c.sf3_steps, sf_phase_weight=c.sf3_phase_weight)
         )
 
     def carried(self, stage: str | None = None) -> tuple[int, ...]:
@@ -1269,7 +1330,7 @@ class Trainer:
             bar.update(1)
             if self.step % c.log_every == 0 or self.step == c.dit_steps:
                 bar.set_postfix(loss=f"{loss:.4f}")
-                self.log({"loss": loss, "grad_norm": gnorm, "t": self.total_elapsed()})
+                self.log({"loss": loss, "grad_norm": gnorm, "t": self.total_elapsed(), **self.phase_log})
             if not self.step_done(bar):
                 return False
         bar.close()
@@ -1282,7 +1343,7 @@ class Trainer:
         return True
 
     def train_sf(self) -> bool:
-        """The current self-forced phase (`sf` or `sf2`); returns False when the time limit stopped it."""
+        """The current self-forced phase (`sf`, `sf2` or `sf3`); False when the time limit stopped it."""
         c, dit = self.sf_config(), self.dit
         lat, acts, cams, players = self.latents()
         if c.sf_target not in ("game", "own", "anchor"):
@@ -1303,7 +1364,10 @@ class Trainer:
         if self.ae.cfg.frame_size and any(tiled_off.values()):
             raise SystemExit(f"tile-aligned latents do not support {[k for k, v in tiled_off.items() if v]}")
         carried = self.carried()
-        if (c.sf_target == "own" or c.sf_jitter_centred or c.sf_off_centre > 0) and players is None:
+        needs_players = (
+            c.sf_target == "own" or c.sf_jitter_centred or c.sf_off_centre > 0 or c.sf_stop_weight != 1
+        )
+        if needs_players and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
         sched = world_config().schedule
         chunk = dit.cfg.chunk_frames
@@ -1321,6 +1385,7 @@ class Trainer:
             if blurred is not None:
                 blurred = torch.cat([blurred, focus_blurred])
         self.episodes = None
+        onsets = stop_onsets(acts, cams, players) if c.sf_stop_weight != 1.0 else None
         lead = c.sf_lead * chunk
         border = np.zeros((0, 2), dtype=np.int64)
         if c.sf_off_centre > 0:
@@ -1410,6 +1475,13 @@ class Trainer:
                 # Ground-truth clips keep the full loss; self-rolled ones only where it is determined.
                 seen = seen_latent_mask(cams[e[:, None], idx], SIZE, SIZE // x0.shape[-1])  # (B, F, h, w)
                 weight = torch.where(own[:, None, None, None], seen, torch.ones_like(seen))[:, None, 1:]
+            if onsets is not None:
+                # The chunks in which a held key starts to be blocked weigh sf_stop_weight.
+                stops = stop_chunks(onsets, e, idx, chunk)
+                weight = torch.ones_like(x0[:, :1, 1:]) if weight is None else weight
+                per_frame = torch.where(stops, c.sf_stop_weight, 1.0).repeat_interleave(chunk, 1)
+                weight = weight * per_frame[:, None, :, None, None]
+                extra["stop_chunks"] = stops.float().mean().item()
             if warp.any():  # slowed clips train only their last chunk
                 weight = torch.ones_like(x0[:, :1, 1:]) if weight is None else weight
                 weight[warp, :, : f - 1 - chunk] = 0.0
@@ -1437,14 +1509,16 @@ class Trainer:
                 record = {"loss": loss, "grad_norm": gnorm, "history_mse": drift, "t": self.total_elapsed()}
                 record.update(extra)
                 record.update(self.adv_log)
+                record.update(self.phase_log)
                 if weight is not None:
-                    record["supervised"] = weight.mean().item()  # share of the noisy latents in the loss
+                    record["supervised"] = (weight > 0).float().mean().item()  # noisy latents in the loss
                 self.log(record)
             if not self.step_done(bar):
                 return False
         bar.close()
-        if self.stage == "sf" and c.sf2_steps > 0:
-            self.stage = "sf2"
+        stages = self.cfg.dit_stages()
+        if stages[-1] != self.stage:
+            self.stage = stages[stages.index(self.stage) + 1]
             self.begin_sf()
         else:
             self.stage, self.step = "done", 0
@@ -1666,6 +1740,14 @@ class Trainer:
         text = [dit.text_kv(dit.null_text("cpu", torch.float32))] * b
         pred = dit.forward_dense(seq, t, text, mask, seq_a, positions)[:, :, f:]
         err = (pred - (eps_n - x0[:, :, 1:])).pow(2)
+        phase = self.ae.cfg.phase_slice if self.ae.cfg.frame_size else None
+        if phase is not None:
+            self.phase_log = {"phase_loss": err[:, phase].mean().item()}
+        phase_weight = self.sf_config().sf_phase_weight if self.stage in SF_STAGES else 1.0
+        if phase_weight != 1.0:
+            scale = torch.ones(err.shape[1])
+            scale[phase] = phase_weight
+            err = err * scale[:, None, None, None]
         if c.loss_weight == "x0":
             err = err * sig_n_f[:, None, :, None, None].pow(2)
         if weight is None:
@@ -1711,9 +1793,8 @@ class Trainer:
         """Write DIR/model (EMA DiT weights + the autoencoder) and DIR/train_summary.json."""
         from models.registry import save_world
 
-        c = self.cfg
         # Served as the last trained phase carries (exported mid-run: as the current one).
-        last = self.stage if self.stage != "done" else "sf2" if c.sf2_steps else "sf" if c.sf_steps else "dit"
+        last = self.stage if self.stage != "done" else self.cfg.dit_stages()[-1]
         config = world_config(carry=self.carried(last))
         world = World(config, self.ema.eval(), FastStreamingDecoder(self.ae.eval()), start_image=None)
         model_dir = self.out / "model"
@@ -1772,7 +1853,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         default=None,
         help="experiments: start at the sf stage from an exported model directory (e.g. the shipped "
-        "weights); sf2 follows unless --sf2-steps 0",
+        "weights); sf2 and sf3 follow unless their steps are 0",
     )
     parser.add_argument(
         "--export-only",

@@ -119,7 +119,7 @@ def test_the_cli_trains_exports_and_resumes_a_marked_model(first: str, tmp_path:
     its random start)."""
     out = tmp_path / "run"
     tiled = ("--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16", "--sf-sprite-jitter", "2")
-    train_tiny(out, *tiled, "--sf2-steps", "2", "--marker", first)
+    train_tiny(out, *tiled, "--sf2-steps", "2", "--sf3-steps", "0", "--marker", first)
     state = torch.load(out / "ckpt.pt", weights_only=False)
     assert state["stage"] == "done" and state["dit_cfg"]["marker"] is not None
     world = load_world(out / "model")

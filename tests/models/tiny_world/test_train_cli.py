@@ -125,7 +125,6 @@ def test_a_run_checkpointed_before_the_second_phase_resumes_without_it(tmp_path:
             ["--sf-sprite-jitter", "0", "--sf2-steps", "10", "--sf2-view-start", "true"],
             "--sf2-view-start needs tile-aligned latents",
         ),
-        (["--sf-sprite-jitter", "0", "--sf-steps", "0", "--sf2-steps", "10"], "needs --sf-steps > 0"),
     ],
 )
 def test_an_sf_stage_the_latents_cannot_serve_stops_before_any_training(flags, message, tmp_path: Path):
