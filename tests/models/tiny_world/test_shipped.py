@@ -49,9 +49,10 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     assert {k: getattr(cfg, k) for k in recipe} == recipe and cfg.sf_sprite_jitter == 4
     second = {"sf2_steps": 500, "sf2_view_start": True, "sf2_jitter_centred": True}
     assert {k: getattr(cfg, k) for k in second} == second
+    assert (cfg.sf3_steps, cfg.sf3_phase_weight) == (250, 2.0) and cfg.dit_stages()[-1] == "sf3"
     trainer = Trainer(cfg, tmp_path, None, progress=False)
     # Served as its last phase trained: the view's phase carried from the latest frame.
-    assert world.config.carry_channels == trainer.carried("sf2") == view_channels()
+    assert world.config.carry_channels == trainer.carried("sf3") == view_channels()
     stats = {"latents_mean", "latents_std"}
     shipped = {k: v for k, v in asdict(world.decoder.ae.cfg).items() if k not in stats}
     assert {k: v for k, v in asdict(trainer.ae.cfg).items() if k not in stats} == shipped
