@@ -217,10 +217,9 @@ class TrainConfig:
     def dit_stages(self) -> tuple[str, ...]:
         """The DiT stages this run trains, in order: a self-forced phase continues the one before
         it, so none runs after one of 0 steps."""
-        steps = {"dit": self.dit_steps, "sf": self.sf_steps, "sf2": self.sf2_steps, "sf3": self.sf3_steps}
-        out: list[str] = []
-        for stage, n in steps.items():
-            if n <= 0 and stage != "dit":
+        out = ["dit"]
+        for stage, n in (("sf", self.sf_steps), ("sf2", self.sf2_steps), ("sf3", self.sf3_steps)):
+            if n <= 0:
                 break
             out.append(stage)
         return tuple(out)
@@ -993,9 +992,9 @@ class Trainer:
         sf2 = replace(
             c, sf_steps=c.sf2_steps, sf_view_start=c.sf2_view_start, sf_jitter_centred=c.sf2_jitter_centred
         )
-        return (
-            sf2 if stage == "sf2" else replace(sf2, sf_steps=c.sf3_steps, sf_phase_weight=c.sf3_phase_weight)
-        )
+        if stage == "sf2":
+            return sf2
+        return replace(sf2, sf_steps=c.sf3_steps, sf_phase_weight=c.sf3_phase_weight)
 
     def carried(self, stage: str | None = None) -> tuple[int, ...]:
         """The latent channels a stage (default: the current one) starts from the history's
@@ -1365,7 +1364,7 @@ class Trainer:
             raise SystemExit(f"tile-aligned latents do not support {[k for k, v in tiled_off.items() if v]}")
         carried = self.carried()
         needs_players = (
-            c.sf_target == "own" or c.sf_jitter_centred or c.sf_off_centre > 0 or c.sf_stop_weight != 1
+            c.sf_target == "own" or c.sf_jitter_centred or c.sf_off_centre > 0 or c.sf_stop_weight != 1.0
         )
         if needs_players and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
