@@ -101,7 +101,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from models.causal_wan import CausalWan, CausalWanConfig, MarkerConfig, frame_attention_mask
+from models.causal_wan import CausalWan, CausalWanConfig, MarkerConfig, frame_attention_mask, sprite_marker
 from models.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDecoder
 from models.game import Game, GameConfig, GameError, random_policy
 from models.kv_pool import ChunkIndex
@@ -210,6 +210,15 @@ class TrainConfig:
     # so a model that continues its history's motion is nearly always right; these chunks are
     # the ones that teach walls.
     sf_stop_weight: float = 1.0
+    # Share of the self-forced phases' clips that start where a held key is blocked and stays so
+    # (`blocked_starts`: the player pressed against a wall): with no motion in the history, only
+    # the wall in view says that the view must stand still.
+    sf_blocked: float = 0.0
+    # Weight of an auxiliary loss in the self-forced phases of a DiT that reads the marker
+    # (`--marker`): a linear head on its last block's tokens predicts every cell's marker of the
+    # clean frames (`MarkerHead`, trained alongside, not shipped), so the tokens keep where the
+    # player is relative to them, which a wall next to the player needs.
+    sf_marker_aux: float = 0.0
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -506,10 +515,17 @@ def chunk_anchors(
     i = torch.arange(1, f)
     last = torch.cat([torch.zeros(1, dtype=torch.long), chunk * ((i - 1) // chunk + 1)])
     before = torch.cat([torch.zeros(1, dtype=torch.long), chunk * ((i - 1) // chunk)])
-    d_hist, d_target = cell - cell[:, last], cell - cell[:, before]
-    if d_hist.abs().max() > 1 or d_target.abs().max() > 1:
+    return q, cell - cell[:, last], cell - cell[:, before]
+
+
+def on_anchors(ae: FastAutoencoder, wide: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Clips (B, C, F, g, g) of frames `wide` (B, F, C-4, g+2, g+2) with sub-tile offsets q
+    (B, F, 2), drawn on the anchors d (B, F, 2) tiles before their own (`chunk_anchors`)."""
+    if d.abs().max() > 1:
         raise ValueError("the view moved more than a tile within a chunk")
-    return q, d_hist, d_target
+    b, f = wide.shape[:2]
+    z = ae.at_anchor(wide.flatten(0, 1), q.flatten(0, 1), d.flatten(0, 1))
+    return z.view(b, f, *z.shape[1:]).permute(0, 2, 1, 3, 4)
 
 
 def anchored_clips(
@@ -518,14 +534,8 @@ def anchored_clips(
     """Tile-aligned clips as the model sees them, from the cells around each frame's own anchor
     (`FastAutoencoder.encode_wide`: wide (B, F, C-4, g+2, g+2)) and the cameras (B, F, 2): as
     targets and as clean history (B, C, F, g, g) each, on the anchors `chunk_anchors` gives."""
-    b, f = wide.shape[:2]
     q, d_hist, d_target = chunk_anchors(cams, chunk, ae.cfg.spatial)
-    flat, q = wide.flatten(0, 1), q.flatten(0, 1)
-    out = []
-    for d in (d_target, d_hist):
-        z = ae.at_anchor(flat, q, d.flatten(0, 1))
-        out.append(z.view(b, f, *z.shape[1:]).permute(0, 2, 1, 3, 4))
-    return out[0], out[1]
+    return on_anchors(ae, wide, q, d_target), on_anchors(ae, wide, q, d_hist)
 
 
 def valid_latent_mask(valid: torch.Tensor, patch: int) -> torch.Tensor:
@@ -541,20 +551,43 @@ def idle_clips(actions: torch.Tensor) -> torch.Tensor:
     return actions[:, 1:].flatten(1).abs().sum(1) == 0
 
 
-def stop_onsets(actions: torch.Tensor, cameras: torch.Tensor, players: torch.Tensor) -> torch.Tensor:
-    """(E, N+1) bool: the episode frames in which a held movement key starts to be blocked: the
-    player's place in the world (camera + screen position) does not advance in the key's
-    direction, though it did in the frame before or the key was not held then (frame 0: never).
-    `actions` (E, N+1, width) rows (frame t's row is the action that led to it), `cameras` and
-    `players` (E, N+1, 2) in frame pixels."""
+def key_blocked(actions: torch.Tensor, cameras: torch.Tensor, players: torch.Tensor) -> torch.Tensor:
+    """(4, E, N) bool, per movement key (`KEY_AXES` order): in which steps (frame t-1 -> t) it is
+    held and blocked: the player's place in the world (camera + screen position) does not advance
+    in its direction. `actions` (E, N+1, width) rows (frame t's row is the action that led to
+    it), `cameras` and `players` (E, N+1, 2) in frame pixels."""
     world = (cameras + players).float()
     step = world[:, 1:] - world[:, :-1]  # (E, N, 2): frame t-1 -> t
+    return torch.stack(
+        [
+            (actions[:, 1:, KEYS.index(key)] > 0) & (step[..., axis] * sign <= 0)
+            for key, axis, sign in KEY_AXES
+        ]
+    )
+
+
+def stop_onsets(actions: torch.Tensor, cameras: torch.Tensor, players: torch.Tensor) -> torch.Tensor:
+    """(E, N+1) bool: the episode frames in which a held movement key starts to be blocked
+    (`key_blocked`), though it was not in the frame before or the key was not held then (frame
+    0: never)."""
+    blocked = key_blocked(actions, cameras, players)
     onset = torch.zeros(actions.shape[:2], dtype=torch.bool)
-    for key, axis, sign in KEY_AXES:
-        blocked = (actions[:, 1:, KEYS.index(key)] > 0) & (step[..., axis] * sign <= 0)  # (E, N)
-        onset[:, 1] |= blocked[:, 0]
-        onset[:, 2:] |= blocked[:, 1:] & ~blocked[:, :-1]
+    onset[:, 1] = blocked[:, :, 0].any(0)
+    onset[:, 2:] = (blocked[:, :, 1:] & ~blocked[:, :, :-1]).any(0)
     return onset
+
+
+def blocked_starts(
+    actions: torch.Tensor, cameras: torch.Tensor, players: torch.Tensor, first: int, last: int
+) -> np.ndarray:
+    """(K, 2) (episode, frame) of every frame s in [first, last] at which a held movement key is
+    blocked and stays held and blocked into frame s + 1 (`key_blocked`): a clip that starts there
+    stands still under that key, which only the wall in view, not any motion, can tell."""
+    blocked = key_blocked(actions, cameras, players)
+    stays = (blocked[:, :, :-1] & blocked[:, :, 1:]).any(0)  # (E, N-1): frame s = index + 1
+    at = np.argwhere(stays[:, max(first, 1) - 1 : last].numpy())
+    at[:, 1] += max(first, 1)
+    return at
 
 
 def stop_chunks(onsets: torch.Tensor, e: np.ndarray, idx: np.ndarray, chunk: int) -> torch.Tensor:
@@ -771,6 +804,26 @@ class FrameCritic(nn.Module):
 # --- checkpoints -------------------------------------------------------------------------------
 
 
+class MarkerHead(nn.Module):
+    """A linear readout of the sprite marker (`sprite_marker`, 2 channels per cell) from a DiT's
+    tokens (B, F*T, dim), one token per patch of cells (`sf_marker_aux`)."""
+
+    def __init__(self, dim: int, patch: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.patch = patch[1:]
+        self.proj = nn.Linear(dim, MarkerConfig.channels * patch[1] * patch[2])
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.proj(tokens)
+
+    def targets(self, marker: torch.Tensor) -> torch.Tensor:
+        """The marker (B, 2, F, H, W) laid out as the tokens (B, F*T, 2*ph*pw), frame-major."""
+        b, ch, f, h, w = marker.shape
+        ph, pw = self.patch
+        x = marker.view(b, ch, f, h // ph, ph, w // pw, pw).permute(0, 2, 3, 5, 1, 4, 6)
+        return x.reshape(b, f * (h // ph) * (w // pw), ch * ph * pw)
+
+
 def save_checkpoint(path: Path, state: dict) -> None:
     """Write atomically (a crash mid-write leaves the previous checkpoint)."""
     tmp = path.with_suffix(".tmp")
@@ -823,6 +876,10 @@ class Trainer:
             raise SystemExit(
                 "--sf2-view-start needs tile-aligned latents (--ae-tiled true; or --sf2-view-start false)"
             )
+        if cfg.sf_marker_aux > 0 and cfg.marker not in SF_STAGES:
+            raise SystemExit(
+                "--sf-marker-aux needs a DiT that reads the marker in its self-forced phases (--marker sf)"
+            )
         if min(cfg.sf_phase_weight, cfg.sf3_phase_weight, cfg.sf_stop_weight) <= 0:
             raise SystemExit("--sf-phase-weight, --sf3-phase-weight, --sf-stop-weight: loss weights > 0")
         phase_weighted = cfg.sf_phase_weight != 1.0 or ("sf3" in stages and cfg.sf3_phase_weight != 1.0)
@@ -850,6 +907,8 @@ class Trainer:
         self.critic: FrameCritic | None = None  # the sf stage's adversary (`sf_adv` > 0)
         self.critic_opt: torch.optim.Optimizer | None = None
         self.adv_log: dict[str, float] = {}  # the critic's last losses, for the train log
+        self.marker_head: MarkerHead | None = None  # `sf_marker_aux` > 0, in a phase that reads the marker
+        self.marker_opt: torch.optim.Optimizer | None = None
         self.phase_log: dict[str, float] = {}  # the last step's unweighted loss on the phase channels
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -880,6 +939,11 @@ class Trainer:
                 **(
                     {"critic": self.critic.state_dict(), "critic_opt": self.critic_opt.state_dict()}
                     if self.critic is not None and self.critic_opt is not None
+                    else {}
+                ),
+                **(
+                    {"marker_head": self.marker_head.state_dict(), "marker_opt": self.marker_opt.state_dict()}
+                    if self.marker_head is not None and self.marker_opt is not None
                     else {}
                 ),
             },
@@ -913,6 +977,10 @@ class Trainer:
             self.new_critic()
             self.critic.load_state_dict(state["critic"])
             self.critic_opt.load_state_dict(state["critic_opt"])
+        if "marker_head" in state:
+            self.new_marker_head()
+            self.marker_head.load_state_dict(state["marker_head"])
+            self.marker_opt.load_state_dict(state["marker_opt"])
         set_rng_state(self.rng, self.gen, state["rng"])
 
     def reuse_ae(self, run: Path) -> None:
@@ -970,6 +1038,19 @@ class Trainer:
         self.gen = torch.Generator().manual_seed(c.seed + 2_000_003)
         if c.sf_adv > 0:
             self.new_critic()
+        if c.sf_marker_aux > 0 and self.dit.cfg.marker is not None:
+            self.new_marker_head()
+
+    def new_marker_head(self) -> None:
+        """A freshly initialised `MarkerHead` (seeded) for the DiT's width and patch, and its optimiser."""
+        state = torch.random.get_rng_state()
+        torch.manual_seed(self.cfg.seed + 5_000_011)
+        cfg = self.dit.cfg
+        self.marker_head = MarkerHead(cfg.num_attention_heads * cfg.attention_head_dim, cfg.patch_size)
+        torch.random.set_rng_state(state)
+        self.marker_opt = torch.optim.Adam(
+            self.marker_head.parameters(), lr=self.cfg.sf_lr, betas=(0.9, 0.99)
+        )
 
     def new_critic(self) -> None:
         """A freshly initialised `FrameCritic` (seeded) and its optimiser."""
@@ -1305,6 +1386,17 @@ class Trainer:
             return x, x
         return anchored_clips(self.ae, x, cams[e[:, None], idx], self.dit.cfg.chunk_frames)
 
+    def history_latents(
+        self, source: torch.Tensor, cams: torch.Tensor | None, e: np.ndarray, idx: np.ndarray
+    ) -> torch.Tensor:
+        """`clip_latents`' clean history alone, for frames `idx` that need not be a path the view
+        could take (a slowed history: its targets' anchors may lie out of reach)."""
+        x = source[e[:, None], idx].float()
+        if not self.ae.cfg.frame_size:
+            return x.permute(0, 2, 1, 3, 4)
+        q, d_hist, _ = chunk_anchors(cams[e[:, None], idx], self.dit.cfg.chunk_frames, self.ae.cfg.spatial)
+        return on_anchors(self.ae, x, q, d_hist)
+
     def train_dit(self) -> bool:
         """Returns False when the time limit stopped it."""
         lat, acts, cams, _ = self.latents()
@@ -1357,14 +1449,17 @@ class Trainer:
             "sf_mask": c.sf_mask,
             "sf_target": c.sf_target != "game",
             "sf_onestep": c.sf_onestep > 0,
-            "sf_warp": c.sf_warp > 0,
             "sf_chain": c.sf_chain > 0,
         }
         if self.ae.cfg.frame_size and any(tiled_off.values()):
             raise SystemExit(f"tile-aligned latents do not support {[k for k, v in tiled_off.items() if v]}")
         carried = self.carried()
         needs_players = (
-            c.sf_target == "own" or c.sf_jitter_centred or c.sf_off_centre > 0 or c.sf_stop_weight != 1.0
+            c.sf_target == "own"
+            or c.sf_jitter_centred
+            or c.sf_off_centre > 0
+            or c.sf_blocked > 0
+            or c.sf_stop_weight != 1.0
         )
         if needs_players and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
@@ -1389,6 +1484,13 @@ class Trainer:
         border = np.zeros((0, 2), dtype=np.int64)
         if c.sf_off_centre > 0:
             border = off_centre_starts(players[:n_eps], lead, n_frames - f)
+        walls = np.zeros((0, 2), dtype=np.int64)
+        if c.sf_blocked > 0:
+            walls = blocked_starts(acts[:n_eps], cams[:n_eps], players[:n_eps], lead, n_frames - f)
+            if not len(walls):
+                raise SystemExit(
+                    "--sf-blocked: no clip of the training episodes starts pressed against a wall"
+                )
 
         def clips(idx: np.ndarray, e: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
             """Latents (B, C, F, h, w) and action rows (B, F, 1, width) of episode frames `idx`
@@ -1406,10 +1508,16 @@ class Trainer:
                 pick = self.rng.random(c.sf_batch) < c.sf_focus
                 e = np.where(pick, n_eps + self.rng.integers(0, n_focus, size=c.sf_batch), e)
             s = self.rng.integers(0, n_frames - f - lead + 1, size=c.sf_batch) + lead
-            if len(border):
-                pick = self.rng.random(c.sf_batch) < c.sf_off_centre
-                at = border[self.rng.integers(0, len(border), size=c.sf_batch)]
-                e, s = np.where(pick, at[:, 0], e), np.where(pick, at[:, 1], s)
+            drawn = {}
+            for name, starts, share in (
+                ("off_centre", border, c.sf_off_centre),
+                ("blocked", walls, c.sf_blocked),
+            ):
+                if len(starts):
+                    pick = self.rng.random(c.sf_batch) < share
+                    at = starts[self.rng.integers(0, len(starts), size=c.sf_batch)]
+                    e, s = np.where(pick, at[:, 0], e), np.where(pick, at[:, 1], s)
+                    drawn[f"{name}_clips"] = float(pick.mean())
             idx = s[:, None] + np.arange(f)[None, :]
             x0, a = clips(idx, e)
             b = x0.shape[0]
@@ -1446,7 +1554,7 @@ class Trainer:
                 )[:, :, n_idle:]
                 dit.train()
             own |= idle
-            weight, extra = None, {}
+            weight, extra = None, dict(drawn)
             if c.sf_self_idle > 0:
                 extra.update(self_rolled=own.float().mean().item(), idle_lead=n_idle)
             if c.sf_target == "anchor":
@@ -1595,7 +1703,18 @@ class Trainer:
             last = f - 1 - self.dit.cfg.chunk_frames  # the last chunk's last history frame
             frames = torch.arange(1, last + 1, dtype=torch.float32)
             for k in warp.nonzero().flatten().tolist():
-                hist[k, :, 1 : last + 1] = hist[k, :, (last - r[k] * (last - frames)).round().long()]
+                src = (last - r[k] * (last - frames)).round().long()
+                if self.ae.cfg.frame_size:
+                    # Tile-aligned: the slowed frames cut from their own cells and re-anchored
+                    # as a session would, not moved as latents (the canvas' cells would not match).
+                    slowed = idx[k : k + 1].copy()
+                    slowed[0, 1 : last + 1] = idx[k, src.numpy()]
+                    source = blurred if soft[k] else lat
+                    hist[k, :, 1 : last + 1] = self.history_latents(source, cams, e[k : k + 1], slowed)[
+                        0, :, 1 : last + 1
+                    ]
+                else:
+                    hist[k, :, 1 : last + 1] = hist[k, :, src]
         if c.sf_sprite_jitter > 0:
             moved = (torch.rand(b, generator=self.gen) < 0.5) & eligible
             j = c.sf_sprite_jitter
@@ -1737,7 +1856,12 @@ class Trainer:
         t = torch.cat([sig_c_f, sig_n_f], dim=1) * sched.num_train
         seq_a = torch.cat([a, a[:, 1:]], dim=1)
         text = [dit.text_kv(dit.null_text("cpu", torch.float32))] * b
+        head = self.marker_head if self.stage in SF_STAGES else None
+        last: list[torch.Tensor] = []
+        hook = dit.blocks[-1].register_forward_hook(lambda _m, _i, out: last.append(out)) if head else None
         pred = dit.forward_dense(seq, t, text, mask, seq_a, positions)[:, :, f:]
+        if hook is not None:
+            hook.remove()
         err = (pred - (eps_n - x0[:, :, 1:])).pow(2)
         phase = self.ae.cfg.phase_slice if self.ae.cfg.frame_size else None
         if phase is not None:
@@ -1755,6 +1879,12 @@ class Trainer:
             weight = weight.expand_as(err)
             loss = (err * weight).sum() / weight.sum().clamp_min(1.0)
         total_loss, fake = (loss if extra is None else loss + extra), None
+        if head is not None:
+            # Every token of both copies predicts the marker of its cells in the clean frames.
+            clean = torch.cat([hist, x0[:, :, 1:]], dim=2)
+            aux = (head(last[0]) - head.targets(sprite_marker(clean, dit.cfg.marker))).pow(2).mean()
+            total_loss = total_loss + c.sf_marker_aux * aux
+            self.phase_log["marker_aux"] = aux.item()
         if self.critic is not None and self.stage in SF_STAGES:
             # One frame per noisy chunk: its x0 prediction decoded (through the frozen decoder)
             # and scored by the critic; the hinge generator loss joins the flow loss.
@@ -1770,9 +1900,13 @@ class Trainer:
         for group in self.dit_opt.param_groups:
             group["lr"] = lr_at(self.step, total, peak_lr, warmup)
         self.dit_opt.zero_grad(set_to_none=True)
+        if head is not None:
+            self.marker_opt.zero_grad(set_to_none=True)
         total_loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
         self.dit_opt.step()
+        if head is not None:
+            self.marker_opt.step()
         if fake is not None:
             with torch.no_grad():
                 real = frames_of(self.ae.decode_float(x0[:, :, 1:][rows, :, pick].permute(0, 2, 1, 3, 4)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -45,9 +46,11 @@ def test_blurred_history_trains_from_the_cli_and_rebuilds_a_cache_made_otherwise
     assert jittered.shape == blurred.shape and not torch.equal(jittered, blurred)
 
 
-def test_slowed_history_trains_only_the_last_chunk(tmp_path: Path):
+@pytest.mark.parametrize("tiled", ["false", "true"])
+def test_slowed_history_trains_only_the_last_chunk(tmp_path: Path, tiled: str):
     sf = ["--sf-steps", "2", "--sf-batch", "2", "--sf-clip-chunks", "2", "--sf-p-self", "0"]
-    assert main(["--out", str(tmp_path), *TINY, *sf, "--sf-blur", "0", "--sf-warp", "1"]) == 0
+    latents = ["--ae-tiled", tiled, "--ae-sprite", tiled]
+    assert main(["--out", str(tmp_path), *TINY, *sf, *latents, "--sf-blur", "0", "--sf-warp", "1"]) == 0
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     rows = [r for r in log if r["stage"] == "sf" and "loss" in r]
     assert [r["supervised"] for r in rows] == [0.5, 0.5]  # of two chunks, only the second is trained

@@ -2,7 +2,8 @@
 `--marker`): each latent cell is told where the player is relative to itself. The marker
 puts the game's player in its world tile; it reads the canvas' whole phase range; a marked copy
 of a DiT computes what the original does until the marker has weight; the cached and the dense
-forward see the same marker; the CLI trains, exports and resumes a marked model."""
+forward see the same marker; the CLI trains, exports and resumes a marked model, optionally with
+an auxiliary head that reads the marker back from the DiT's last tokens (`--sf-marker-aux`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from models.fast_decoder import phase_channels, sprite_channels
 from models.registry import from_name, load_world, save_world
 from models.tiny_world import ae_config, marker_config
 from models.tiny_world.data import make_episodes
-from models.tiny_world.train import main, with_marker
+from models.tiny_world.train import MarkerHead, main, with_marker
 from models.world import World
 from tests.models.conftest import tiny_config
 from tests.models.test_causal_wan import TOL, H, W, rollout
@@ -141,3 +142,28 @@ def test_the_marker_needs_a_sprite_layer_and_a_stage_that_runs(tmp_path: Path):
         train_tiny(tmp_path / "b", "--ae-tiled", "true", "--ae-sprite", "true", "--marker", "sf2")
     with pytest.raises(SystemExit, match="names a stage"):
         train_tiny(tmp_path / "c", "--ae-tiled", "true", "--ae-sprite", "true", "--marker", "ae")
+
+
+def test_the_marker_head_lays_out_its_targets_as_the_dits_tokens():
+    """Token (f, i, j) of a 2x2 patch grid (frame-major, as the patch embedding flattens) holds
+    the marker of cells [2i, 2i+2) x [2j, 2j+2) of frame f."""
+    head = MarkerHead(8, (1, 2, 2))
+    marker = torch.arange(2 * 3 * 4 * 6, dtype=torch.float32).view(1, 2, 3, 4, 6)
+    got = head.targets(marker)
+    assert got.shape == (1, 3 * 2 * 3, 8)
+    for f, i, j in [(0, 0, 0), (1, 1, 2), (2, 0, 1)]:
+        cells = marker[0, :, f, 2 * i : 2 * i + 2, 2 * j : 2 * j + 2].flatten()
+        assert torch.equal(got[0, f * 6 + i * 3 + j], cells)
+
+
+def test_the_marker_aux_head_trains_checkpoints_and_needs_the_marker(tmp_path: Path):
+    """`--sf-marker-aux`: the sf phase logs the head's loss and checkpoints the head with the run;
+    without a marker in the self-forced phases the flag is refused."""
+    out = tmp_path / "run"
+    tiled = ("--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16", "--sf-sprite-jitter", "2")
+    rows = train_tiny(out, *tiled, "--marker", "sf", "--sf-marker-aux", "1", "--ckpt-every", "1")
+    assert [r["step"] for r in rows] == [1, 2] and all(r["marker_aux"] > 0 for r in rows)
+    state = torch.load(out / "ckpt.pt", weights_only=False)
+    assert state["marker_head"]["proj.weight"].shape == (8, 128)
+    with pytest.raises(SystemExit, match="--marker sf"):
+        train_tiny(tmp_path / "bare", *tiled, "--sf-marker-aux", "1")

@@ -1,7 +1,8 @@
 """The self-forced phases' motion weights: `--sf-phase-weight` weighs the view's phase channels
 (the motion) in the flow loss, and the log keeps their unweighted loss so runs compare;
 `--sf-stop-weight` weighs the chunks in which a held key starts to be blocked (`stop_onsets`,
-`stop_chunks`), the few that teach walls."""
+`stop_chunks`), the few that teach walls; `--sf-blocked` starts clips pressed against a wall
+(`blocked_starts`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from models.game import GameConfig, simulate
 from models.registry import load_world
 from models.tiny_world import ae_config, view_channels
 from models.tiny_world.data import action_rows, sim_cameras
-from models.tiny_world.train import main, stop_chunks, stop_onsets
+from models.tiny_world.train import blocked_starts, main, stop_chunks, stop_onsets
 from tests.models.tiny_world.test_train_cli import train_tiny
 
 TILED = ("--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16", "--sf-sprite-jitter", "2")
@@ -56,6 +57,32 @@ def test_a_stop_onset_is_the_first_frame_a_held_key_is_blocked():
     assert stop_onsets(rows, cams, players)[0].nonzero().flatten().tolist() == [10, 20]
     free = wall_walk(1_005_004, [frozenset("a")] * 6 + rest)
     assert not stop_onsets(*free).any()
+
+
+def test_blocked_starts_are_the_frames_pressed_against_a_wall():
+    """The same walk: blocked from frame 10 while `d` is held (to frame 16), released for three
+    frames, pressed again (blocked in frames 20-22). A clip may start where the press stays
+    blocked into the next frame: frames 10-15 and 20-21, within the range asked for; the free
+    walk and the rest are not among them."""
+    walk, rest = [frozenset("d")] * 16, [frozenset()] * 3
+    rows, cams, players = wall_walk(1_005_004, walk + rest + [frozenset("d")] * 3)
+    assert blocked_starts(rows, cams, players, 0, 22).tolist() == [[0, f] for f in [*range(10, 16), 20, 21]]
+    assert blocked_starts(rows, cams, players, 12, 20)[:, 1].tolist() == [12, 13, 14, 15, 20]
+    free = wall_walk(1_005_004, [frozenset("a")] * 6 + rest)
+    assert len(blocked_starts(*free, 0, 9)) == 0
+
+
+def test_blocked_clips_train_from_the_cli_and_need_a_wall(tmp_path: Path):
+    """World 13's random walk is pressed against a wall from frame 10: with every clip started
+    there the log counts every clip as such, and the first step trains on other clips than a
+    plain run's. Episodes too short to reach it are refused."""
+    args = (*TILED, "--world-seed-base", "13", "--episodes", "1")
+    plain = train_tiny(tmp_path / "plain", *args)
+    walls = train_tiny(tmp_path / "walls", *args, "--sf-blocked", "1")
+    assert [r["blocked_clips"] for r in walls] == [1.0, 1.0] and "blocked_clips" not in plain[0]
+    assert walls[0]["loss"] != pytest.approx(plain[0]["loss"], rel=1e-4)
+    with pytest.raises(SystemExit, match="pressed against a wall"):
+        train_tiny(tmp_path / "short", *args, "--episode-frames", "8", "--sf-blocked", "1")
 
 
 def test_a_chunk_weighs_as_a_stop_when_any_of_its_frames_is_an_onset():

@@ -81,6 +81,13 @@ def test_tiled_run_cuts_clips_on_their_anchors_and_serves(tmp_path: Path):
         return read_phase(flat[:, 8:] * ae.latents_std[8:, 0] + ae.latents_mean[8:, 0], 8).view(2, 5, 2)
 
     assert torch.equal(phases(target), q + 8 * d_target) and torch.equal(phases(hist), q + 8 * d_hist)
+    # A slowed history (`sf_warp`): frame 8 frozen for a chunk, then frames 9-12. The targets'
+    # anchors may lie out of reach there, so only the history is cut: the frozen chunk on frame
+    # 8's own anchor (as a start frame), the next on frame 12's, as in an ordinary clip.
+    slowed = trainer.history_latents(data["latents"], cams, e[:1], np.array([[0, 8, 8, 8, 8, 9, 10, 11, 12]]))
+    _, plain = trainer.clip_latents(data["latents"], cams, e[:1], np.array([[8, 9, 10, 11, 12]]))
+    assert torch.equal(slowed[:, :, 1:5], plain[:, :, :1].expand(-1, -1, 4, -1, -1))
+    assert torch.equal(slowed[:, :, 5:], plain[:, :, 1:])
     # A frame on its own anchor is what the autoencoder encodes from the game's frame.
     frame = torch.from_numpy(start_image(0)).float().div(127.5).sub(1.0).permute(2, 0, 1)[:, None, None]
     own = ae.encode_float(frame.transpose(0, 1), (cams[:1, :1].round().long() % 8))[0]
