@@ -176,17 +176,24 @@ def main() -> int:
     for name in args.model:
         rows.append(probe(name, worlds, args.chunks))
         print(json.dumps(rows[-1]))
+    write_result("tiny_world_history_probe", args.out, rows, t0, worlds=worlds)
+    return 0
+
+
+def write_result(benchmark: str, out: Path, rows: list[dict], t0: float, **fields: object) -> Path:
+    """Write OUT/<benchmark>.json: the command line, `fields`, the rows and the seconds since `t0`."""
     result = {
-        "benchmark": "tiny_world_history_probe",
-        "command": "python benchmarks/tiny_world_history_probe.py " + " ".join(sys.argv[1:]),
-        "worlds": worlds,
+        "benchmark": benchmark,
+        "command": f"python benchmarks/{benchmark}.py " + " ".join(sys.argv[1:]),
+        **fields,
         "rows": rows,
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tiny_world_history_probe.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out / 'tiny_world_history_probe.json'}")
-    return 0
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{benchmark}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
+    return path
 
 
 if __name__ == "__main__":

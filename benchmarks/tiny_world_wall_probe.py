@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tiny_world_eval import find_wall_cases
+from benchmarks.tiny_world_history_probe import write_result
 from models.game import GameConfig, SimResult, simulate
 from models.registry import from_name
 from models.tiny_world.data import action_rows, sim_cameras
@@ -134,16 +135,7 @@ def main() -> int:
     for name in args.model:
         rows.append(probe(name, cases, args.frames))
         print(json.dumps({"model": name, **rows[-1]["summary"]}))
-    result = {
-        "benchmark": "tiny_world_wall_probe",
-        "command": "python benchmarks/tiny_world_wall_probe.py " + " ".join(sys.argv[1:]),
-        "frames": args.frames,
-        "rows": rows,
-        "seconds": round(time.perf_counter() - t0, 1),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tiny_world_wall_probe.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out / 'tiny_world_wall_probe.json'}")
+    write_result("tiny_world_wall_probe", args.out, rows, t0, frames=args.frames)
     return 0
 
 

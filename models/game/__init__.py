@@ -22,6 +22,7 @@ from models.game.simulator import (
     Tile,
     World,
     generate_world,
+    held_moves,
     simulate,
 )
 
@@ -38,6 +39,7 @@ __all__ = [
     "encode_actions",
     "format_action_script",
     "generate_world",
+    "held_moves",
     "parse_action_script",
     "random_policy",
     "simulate",

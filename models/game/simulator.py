@@ -240,6 +240,25 @@ def _move_axis(
     return new, hit
 
 
+def held_moves(
+    world: World, centres: np.ndarray, axis: int, sign: int, frames: int, config: GameConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """How far the player and the view move along ``axis`` (0 = x) in direction ``sign`` (+-1)
+    when that one movement key is held for ``frames`` frames from each of the player centres
+    ``centres`` (n, 2), world units: ((n,), (n,)), each in [0, frames x speed]. Only walls block
+    the player, so the map alone decides; the view stops where the camera clamps at the world's
+    edge."""
+    pos = centres - config.player_size / 2.0
+    start = pos[:, axis].copy()
+    delta = np.full(len(pos), sign * config.player_speed)
+    for _ in range(frames):
+        pos, _ = _move_axis(world.wall, config.tile, pos, delta, axis, config.player_size)
+    half = config.player_size / 2.0 - config.view / 2.0
+    top = float(config.world_units - config.view)
+    cam_start, cam_end = (np.clip(x + half, 0.0, top) for x in (start, pos[:, axis]))
+    return (pos[:, axis] - start) * sign, (cam_end - cam_start) * sign
+
+
 class Game:
     """One running game: ``reset(seed)``, then ``step(keys)`` once per frame.
 

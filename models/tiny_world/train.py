@@ -47,7 +47,8 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              adversarial loss (weight) on the decoded x0 predictions from a patch critic
              (`FrameCritic`, hinge, trained alongside). `sf_warp`: a share
              of the clips' last chunk sees its history slowed (the motion scaled by r in [0, 1)
-             up to the true last frame) and only that chunk is trained. `sf_patch` /
+             up to the true last frame; tile-aligned: those frames re-cut from their own cells)
+             and only that chunk is trained. `sf_patch` /
              `sf_window`: the stage's DiT on a finer token grid / another window (`regrid`).
              `sf_layers`: the stage's DiT grown deeper by identity-initialised blocks (`deepen`).
              `sf_focus`: a share of the clips comes from focus episodes (`FOCUS_POLICY`: long
@@ -67,7 +68,12 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              of each noisy chunk start from the history's latest frame, as served (`carry`).
              `sf_phase_weight`: the view's phase channels (the motion) weigh that much in the
              flow loss. `sf_stop_weight`: the chunks in which a held key starts to be blocked
-             (`stop_onsets`: the player walks into a wall) weigh that much.
+             (`stop_onsets`: the player walks into a wall) weigh that much. `sf_blocked`: a share
+             of the clips starts where a held key is blocked and stays so (`blocked_starts`),
+             so no motion in the history tells that the view stands still. `sf_marker_aux` (with
+             `--marker`) / `sf_motion_aux`: auxiliary linear heads on the last block's tokens
+             (`AuxHeads`, not shipped) predict every cell's sprite marker / every clean frame's
+             motions under each key from the game's map (`key_motions`: walls, the world's edge).
     sf2      a second self-forced phase (`sf2_steps` > 0), from the sf stage's EMA with a fresh
              optimiser: the sf stage's settings with `sf2_view_start` and `sf2_jitter_centred`
              in place of theirs. The served world carries what the last phase carried.
@@ -103,7 +109,7 @@ from tqdm import tqdm
 
 from models.causal_wan import CausalWan, CausalWanConfig, MarkerConfig, frame_attention_mask, sprite_marker
 from models.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDecoder
-from models.game import Game, GameConfig, GameError, random_policy
+from models.game import Game, GameConfig, GameError, generate_world, held_moves, random_policy
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry
 from models.tiny_world import SIZE, ae_config, carried_channels, dit_config, marker_config, world_config
@@ -113,6 +119,7 @@ from models.world import World
 
 STAGES = ("ae", "dit", "sf", "sf2", "sf3", "done")
 SF_STAGES = ("sf", "sf2", "sf3")
+MOTION_FRAMES = 8  # frames a key is held for `key_motions`: two chunks, past the next one
 # Settings whose default changed the recipe when they were added: their value before, so a run
 # checkpointed before them resumes (and exports) as it was started.
 ABSENT = {"sf2_steps": 0, "sf3_steps": 0}
@@ -219,6 +226,11 @@ class TrainConfig:
     # clean frames (`MarkerHead`, trained alongside, not shipped), so the tokens keep where the
     # player is relative to them, which a wall next to the player needs.
     sf_marker_aux: float = 0.0
+    # Weight of an auxiliary loss in the self-forced phases: a linear head on the DiT's last block
+    # tokens of every clean frame predicts how far the player and the view would move under each
+    # key from there (`key_motions`: the wall rule and the camera's clamp at the world's edge,
+    # from the game's map), so the tokens must hold what the motion under a key depends on.
+    sf_motion_aux: float = 0.0
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -590,6 +602,27 @@ def blocked_starts(
     return at
 
 
+def key_motions(
+    seeds: np.ndarray, cameras: torch.Tensor, players: torch.Tensor, frames: int = MOTION_FRAMES
+) -> torch.Tensor:
+    """(E, N+1, 8): from every frame of the episodes of world `seeds` (E,), per movement key
+    (`KEY_AXES` order), how far the player (0-3) and then the view (4-7) move in the key's
+    direction when that key alone is held for `frames` frames (`held_moves`: the game's rule on
+    the world's map), as a share of the free walk: 1 free, 0 against a wall (the view: also
+    where the camera clamps at the world's edge). `cameras`, `players` (E, N+1, 2), frame px."""
+    config = GameConfig(size=SIZE)
+    out = torch.zeros(*cameras.shape[:2], 2 * len(KEY_AXES))
+    free = frames * config.player_speed
+    for i, seed in enumerate(seeds):
+        world = generate_world(int(seed), config)
+        centres = ((cameras[i] + players[i]).double() / config.scale).numpy()
+        for k, (_, axis, sign) in enumerate(KEY_AXES):
+            player, view = held_moves(world, centres, axis, sign, frames, config)
+            out[i, :, k] = torch.from_numpy(player / free)
+            out[i, :, len(KEY_AXES) + k] = torch.from_numpy(view / free)
+    return out
+
+
 def stop_chunks(onsets: torch.Tensor, e: np.ndarray, idx: np.ndarray, chunk: int) -> torch.Tensor:
     """(B, chunks) bool: which noisy chunks of clips (episode `e` (B,), frames `idx` (B, F), a
     start frame then whole chunks) hold a frame of `onsets` (E, N+1) (`stop_onsets`)."""
@@ -804,19 +837,19 @@ class FrameCritic(nn.Module):
 # --- checkpoints -------------------------------------------------------------------------------
 
 
-class MarkerHead(nn.Module):
-    """A linear readout of the sprite marker (`sprite_marker`, 2 channels per cell) from a DiT's
-    tokens (B, F*T, dim), one token per patch of cells (`sf_marker_aux`)."""
+class AuxHeads(nn.Module):
+    """Linear readouts from a DiT's last block tokens (B, F*T, dim), one token per patch of cells,
+    for the self-forced phases' auxiliary losses (trained alongside, never shipped): `marker`,
+    the sprite marker of the token's cells (`sprite_marker`, `sf_marker_aux`); `motion`, the
+    token's frame's `key_motions` (`sf_motion_aux`)."""
 
-    def __init__(self, dim: int, patch: tuple[int, int, int]) -> None:
+    def __init__(self, dim: int, patch: tuple[int, int, int], marker: bool, motion: bool) -> None:
         super().__init__()
         self.patch = patch[1:]
-        self.proj = nn.Linear(dim, MarkerConfig.channels * patch[1] * patch[2])
+        self.marker = nn.Linear(dim, MarkerConfig.channels * patch[1] * patch[2]) if marker else None
+        self.motion = nn.Linear(dim, 2 * len(KEY_AXES)) if motion else None
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.proj(tokens)
-
-    def targets(self, marker: torch.Tensor) -> torch.Tensor:
+    def marker_targets(self, marker: torch.Tensor) -> torch.Tensor:
         """The marker (B, 2, F, H, W) laid out as the tokens (B, F*T, 2*ph*pw), frame-major."""
         b, ch, f, h, w = marker.shape
         ph, pw = self.patch
@@ -882,6 +915,8 @@ class Trainer:
             )
         if min(cfg.sf_phase_weight, cfg.sf3_phase_weight, cfg.sf_stop_weight) <= 0:
             raise SystemExit("--sf-phase-weight, --sf3-phase-weight, --sf-stop-weight: loss weights > 0")
+        if min(cfg.sf_marker_aux, cfg.sf_motion_aux) < 0:
+            raise SystemExit("--sf-marker-aux, --sf-motion-aux: loss weights >= 0")
         phase_weighted = cfg.sf_phase_weight != 1.0 or ("sf3" in stages and cfg.sf3_phase_weight != 1.0)
         if phase_weighted and not cfg.ae_tiled:
             raise SystemExit("--sf-phase-weight weighs the phase of tile-aligned latents (--ae-tiled true)")
@@ -907,8 +942,8 @@ class Trainer:
         self.critic: FrameCritic | None = None  # the sf stage's adversary (`sf_adv` > 0)
         self.critic_opt: torch.optim.Optimizer | None = None
         self.adv_log: dict[str, float] = {}  # the critic's last losses, for the train log
-        self.marker_head: MarkerHead | None = None  # `sf_marker_aux` > 0, in a phase that reads the marker
-        self.marker_opt: torch.optim.Optimizer | None = None
+        self.aux_heads: AuxHeads | None = None  # `sf_marker_aux` or `sf_motion_aux` > 0, in an sf phase
+        self.aux_opt: torch.optim.Optimizer | None = None
         self.phase_log: dict[str, float] = {}  # the last step's unweighted loss on the phase channels
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -942,8 +977,8 @@ class Trainer:
                     else {}
                 ),
                 **(
-                    {"marker_head": self.marker_head.state_dict(), "marker_opt": self.marker_opt.state_dict()}
-                    if self.marker_head is not None and self.marker_opt is not None
+                    {"aux_heads": self.aux_heads.state_dict(), "aux_opt": self.aux_opt.state_dict()}
+                    if self.aux_heads is not None and self.aux_opt is not None
                     else {}
                 ),
             },
@@ -977,10 +1012,11 @@ class Trainer:
             self.new_critic()
             self.critic.load_state_dict(state["critic"])
             self.critic_opt.load_state_dict(state["critic_opt"])
-        if "marker_head" in state:
-            self.new_marker_head()
-            self.marker_head.load_state_dict(state["marker_head"])
-            self.marker_opt.load_state_dict(state["marker_opt"])
+        if "aux_heads" in state:
+            heads = state["aux_heads"]
+            self.new_aux_heads(marker="marker.weight" in heads, motion="motion.weight" in heads)
+            self.aux_heads.load_state_dict(heads)
+            self.aux_opt.load_state_dict(state["aux_opt"])
         set_rng_state(self.rng, self.gen, state["rng"])
 
     def reuse_ae(self, run: Path) -> None:
@@ -1038,19 +1074,21 @@ class Trainer:
         self.gen = torch.Generator().manual_seed(c.seed + 2_000_003)
         if c.sf_adv > 0:
             self.new_critic()
-        if c.sf_marker_aux > 0 and self.dit.cfg.marker is not None:
-            self.new_marker_head()
+        marker = c.sf_marker_aux > 0 and self.dit.cfg.marker is not None
+        self.aux_heads = self.aux_opt = None
+        if marker or c.sf_motion_aux > 0:
+            self.new_aux_heads(marker, c.sf_motion_aux > 0)
 
-    def new_marker_head(self) -> None:
-        """A freshly initialised `MarkerHead` (seeded) for the DiT's width and patch, and its optimiser."""
+    def new_aux_heads(self, marker: bool, motion: bool) -> None:
+        """Freshly initialised `AuxHeads` (seeded) for the DiT's width and patch, and their optimiser."""
         state = torch.random.get_rng_state()
         torch.manual_seed(self.cfg.seed + 5_000_011)
         cfg = self.dit.cfg
-        self.marker_head = MarkerHead(cfg.num_attention_heads * cfg.attention_head_dim, cfg.patch_size)
-        torch.random.set_rng_state(state)
-        self.marker_opt = torch.optim.Adam(
-            self.marker_head.parameters(), lr=self.cfg.sf_lr, betas=(0.9, 0.99)
+        self.aux_heads = AuxHeads(
+            cfg.num_attention_heads * cfg.attention_head_dim, cfg.patch_size, marker, motion
         )
+        torch.random.set_rng_state(state)
+        self.aux_opt = torch.optim.Adam(self.aux_heads.parameters(), lr=self.cfg.sf_lr, betas=(0.9, 0.99))
 
     def new_critic(self) -> None:
         """A freshly initialised `FrameCritic` (seeded) and its optimiser."""
@@ -1459,6 +1497,7 @@ class Trainer:
             or c.sf_jitter_centred
             or c.sf_off_centre > 0
             or c.sf_blocked > 0
+            or c.sf_motion_aux > 0
             or c.sf_stop_weight != 1.0
         )
         if needs_players and players is None:
@@ -1480,6 +1519,9 @@ class Trainer:
                 blurred = torch.cat([blurred, focus_blurred])
         self.episodes = None
         onsets = stop_onsets(acts, cams, players) if c.sf_stop_weight != 1.0 else None
+        motions = None
+        if c.sf_motion_aux > 0:  # the focus episodes' worlds follow the training ones'
+            motions = key_motions(c.world_seed_base + np.arange(lat.shape[0]), cams, players)
         lead = c.sf_lead * chunk
         border = np.zeros((0, 2), dtype=np.int64)
         if c.sf_off_centre > 0:
@@ -1607,6 +1649,7 @@ class Trainer:
                 c.sf_warmup,
                 weight,
                 None if chain is None else c.sf_chain * chain,
+                None if motions is None else motions[e[:, None], idx],
             )
             self.step += 1
             bar.update(1)
@@ -1825,12 +1868,14 @@ class Trainer:
         warmup: int,
         weight: torch.Tensor | None = None,
         extra: torch.Tensor | None = None,
+        motions: torch.Tensor | None = None,
     ) -> tuple[float, float]:
         """One optimiser step of the teacher-forced flow loss: the noisy chunks are the
         ground truth `x0` (B, C, F, h, w), the clean copies they attend to are `hist` (the
         ground truth itself, or the model's rollout). `weight` (B, 1, F-1, h, w) weights the
         noisy frames' squared errors (normalised by its sum; None: the plain mean). `extra`, a
-        loss with its graph (the chain loss), joins the step. Updates the EMA; returns (flow
+        loss with its graph (the chain loss), joins the step; `motions` (B, F, 8) are the clip
+        frames' `key_motions`, for the motion head. Updates the EMA; returns (flow
         loss, grad norm)."""
         c, dit = self.cfg, self.dit
         sched = world_config().schedule
@@ -1856,9 +1901,9 @@ class Trainer:
         t = torch.cat([sig_c_f, sig_n_f], dim=1) * sched.num_train
         seq_a = torch.cat([a, a[:, 1:]], dim=1)
         text = [dit.text_kv(dit.null_text("cpu", torch.float32))] * b
-        head = self.marker_head if self.stage in SF_STAGES else None
+        heads = self.aux_heads if self.stage in SF_STAGES else None
         last: list[torch.Tensor] = []
-        hook = dit.blocks[-1].register_forward_hook(lambda _m, _i, out: last.append(out)) if head else None
+        hook = dit.blocks[-1].register_forward_hook(lambda _m, _i, out: last.append(out)) if heads else None
         pred = dit.forward_dense(seq, t, text, mask, seq_a, positions)[:, :, f:]
         if hook is not None:
             hook.remove()
@@ -1879,12 +1924,19 @@ class Trainer:
             weight = weight.expand_as(err)
             loss = (err * weight).sum() / weight.sum().clamp_min(1.0)
         total_loss, fake = (loss if extra is None else loss + extra), None
-        if head is not None:
+        if heads is not None and heads.marker is not None:
             # Every token of both copies predicts the marker of its cells in the clean frames.
             clean = torch.cat([hist, x0[:, :, 1:]], dim=2)
-            aux = (head(last[0]) - head.targets(sprite_marker(clean, dit.cfg.marker))).pow(2).mean()
-            total_loss = total_loss + c.sf_marker_aux * aux
-            self.phase_log["marker_aux"] = aux.item()
+            aux = (heads.marker(last[0]) - heads.marker_targets(sprite_marker(clean, dit.cfg.marker))).pow(2)
+            total_loss = total_loss + c.sf_marker_aux * aux.mean()
+            self.phase_log["marker_aux"] = aux.mean().item()
+        if heads is not None and heads.motion is not None and motions is not None:
+            # Every token of the clean copy predicts its frame's motions under each key.
+            tokens = last[0][:, : last[0].shape[1] * f // (2 * f - 1)]
+            got = heads.motion(tokens).view(b, f, -1, motions.shape[-1])
+            aux = (got - motions[:, :, None]).pow(2).mean()
+            total_loss = total_loss + c.sf_motion_aux * aux
+            self.phase_log["motion_aux"] = aux.item()
         if self.critic is not None and self.stage in SF_STAGES:
             # One frame per noisy chunk: its x0 prediction decoded (through the frozen decoder)
             # and scored by the critic; the hinge generator loss joins the flow loss.
@@ -1900,13 +1952,13 @@ class Trainer:
         for group in self.dit_opt.param_groups:
             group["lr"] = lr_at(self.step, total, peak_lr, warmup)
         self.dit_opt.zero_grad(set_to_none=True)
-        if head is not None:
-            self.marker_opt.zero_grad(set_to_none=True)
+        if heads is not None:
+            self.aux_opt.zero_grad(set_to_none=True)
         total_loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
         self.dit_opt.step()
-        if head is not None:
-            self.marker_opt.step()
+        if heads is not None:
+            self.aux_opt.step()
         if fake is not None:
             with torch.no_grad():
                 real = frames_of(self.ae.decode_float(x0[:, :, 1:][rows, :, pick].permute(0, 2, 1, 3, 4)))

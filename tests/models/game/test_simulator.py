@@ -3,7 +3,16 @@
 import numpy as np
 import pytest
 
-from models.game import Game, GameConfig, GameError, Palette, generate_world, random_policy, simulate
+from models.game import (
+    Game,
+    GameConfig,
+    GameError,
+    Palette,
+    generate_world,
+    held_moves,
+    random_policy,
+    simulate,
+)
 
 PALETTE = Palette()
 
@@ -265,3 +274,32 @@ def test_layers_record_the_frames_without_the_player_and_the_ring_flag() -> None
     rings = colour_mask(result.frames, PALETTE.action).any(axis=(1, 2))
     np.testing.assert_array_equal(result.rings, rings)
     assert rings.sum() == GameConfig().action_frames
+
+
+def test_held_moves_are_what_the_game_does_when_a_key_is_held() -> None:
+    """From every 5th frame of random play, holding each key for 8 frames moves the player and
+    the view exactly as far as `held_moves` says; walls and the world's edge both occur."""
+    config = GameConfig()
+    moves, views = [], []
+    for seed in (4, 11):
+        keys = random_policy(seed, 120)
+        sim = simulate(seed, keys)
+        world = generate_world(seed, config)
+        starts = np.arange(0, 121, 5)
+        for key, axis, sign in (("d", 0, 1), ("a", 0, -1), ("s", 1, 1), ("w", 1, -1)):
+            player, view = held_moves(world, sim.player_world_pos[starts], axis, sign, 8, config)
+            for i, t in enumerate(starts):
+                game = Game(config)
+                game.reset(seed)
+                for k in keys[:t]:
+                    game.step(k)
+                p0, c0 = game.player_world_pos[axis], game.camera[axis]
+                for _ in range(8):
+                    game.step({key})
+                assert player[i] == pytest.approx((game.player_world_pos[axis] - p0) * sign)
+                assert view[i] == pytest.approx((game.camera[axis] - c0) * sign)
+            moves.append(player)
+            views.append(view)
+    moves, views = np.concatenate(moves), np.concatenate(views)
+    assert (moves < 8).any() and (moves == 8).any()  # some walks hit a wall
+    assert (views < moves).any()  # and some views stop at the world's edge

@@ -18,7 +18,7 @@ from models.fast_decoder import phase_channels, sprite_channels
 from models.registry import from_name, load_world, save_world
 from models.tiny_world import ae_config, marker_config
 from models.tiny_world.data import make_episodes
-from models.tiny_world.train import MarkerHead, main, with_marker
+from models.tiny_world.train import AuxHeads, main, with_marker
 from models.world import World
 from tests.models.conftest import tiny_config
 from tests.models.test_causal_wan import TOL, H, W, rollout
@@ -147,9 +147,9 @@ def test_the_marker_needs_a_sprite_layer_and_a_stage_that_runs(tmp_path: Path):
 def test_the_marker_head_lays_out_its_targets_as_the_dits_tokens():
     """Token (f, i, j) of a 2x2 patch grid (frame-major, as the patch embedding flattens) holds
     the marker of cells [2i, 2i+2) x [2j, 2j+2) of frame f."""
-    head = MarkerHead(8, (1, 2, 2))
+    heads = AuxHeads(8, (1, 2, 2), marker=True, motion=False)
     marker = torch.arange(2 * 3 * 4 * 6, dtype=torch.float32).view(1, 2, 3, 4, 6)
-    got = head.targets(marker)
+    got = heads.marker_targets(marker)
     assert got.shape == (1, 3 * 2 * 3, 8)
     for f, i, j in [(0, 0, 0), (1, 1, 2), (2, 0, 1)]:
         cells = marker[0, :, f, 2 * i : 2 * i + 2, 2 * j : 2 * j + 2].flatten()
@@ -164,6 +164,6 @@ def test_the_marker_aux_head_trains_checkpoints_and_needs_the_marker(tmp_path: P
     rows = train_tiny(out, *tiled, "--marker", "sf", "--sf-marker-aux", "1", "--ckpt-every", "1")
     assert [r["step"] for r in rows] == [1, 2] and all(r["marker_aux"] > 0 for r in rows)
     state = torch.load(out / "ckpt.pt", weights_only=False)
-    assert state["marker_head"]["proj.weight"].shape == (8, 128)
+    assert state["aux_heads"]["marker.weight"].shape == (8, 128) and "motion.weight" not in state["aux_heads"]
     with pytest.raises(SystemExit, match="--marker sf"):
         train_tiny(tmp_path / "bare", *tiled, "--sf-marker-aux", "1")
