@@ -1526,6 +1526,11 @@ class Trainer:
         border = np.zeros((0, 2), dtype=np.int64)
         if c.sf_off_centre > 0:
             border = off_centre_starts(players[:n_eps], lead, n_frames - f)
+            if not len(border):
+                raise SystemExit(
+                    "--sf-off-centre: no clip of the training episodes starts with the player off the "
+                    "view's centre"
+                )
         walls = np.zeros((0, 2), dtype=np.int64)
         if c.sf_blocked > 0:
             walls = blocked_starts(acts[:n_eps], cams[:n_eps], players[:n_eps], lead, n_frames - f)

@@ -2,7 +2,7 @@
 (the motion) in the flow loss, and the log keeps their unweighted loss so runs compare;
 `--sf-stop-weight` weighs the chunks in which a held key starts to be blocked (`stop_onsets`,
 `stop_chunks`), the few that teach walls; `--sf-blocked` starts clips pressed against a wall
-(`blocked_starts`)."""
+(`blocked_starts`), `--sf-off-centre` where the player stands off the view's centre."""
 
 from __future__ import annotations
 
@@ -83,6 +83,17 @@ def test_blocked_clips_train_from_the_cli_and_need_a_wall(tmp_path: Path):
     assert walls[0]["loss"] != pytest.approx(plain[0]["loss"], rel=1e-4)
     with pytest.raises(SystemExit, match="pressed against a wall"):
         train_tiny(tmp_path / "short", *args, "--episode-frames", "8", "--sf-blocked", "1")
+
+
+def test_off_centre_clips_train_from_the_cli_and_need_an_off_centre_player(tmp_path: Path):
+    """World 13's random walk has the player off the view's centre (the camera stopped at the
+    world's border): every clip starts there and the log says so. World 0's first 16 frames
+    keep it centred, so asking for such clips there is refused rather than ignored."""
+    args = (*TILED, "--episodes", "1", "--sf-off-centre", "1")
+    rows = train_tiny(tmp_path / "border", *args, "--world-seed-base", "13")
+    assert [r["off_centre_clips"] for r in rows] == [1.0, 1.0]
+    with pytest.raises(SystemExit, match="off the view's centre"):
+        train_tiny(tmp_path / "centred", *args, "--world-seed-base", "0")
 
 
 def test_a_chunk_weighs_as_a_stop_when_any_of_its_frames_is_an_onset():
