@@ -1287,6 +1287,9 @@ class Trainer:
             ]
         )  # (n, C, 1, h, w)
         mean, std = z.mean(dim=(0, 2, 3, 4)), z.std(dim=(0, 2, 3, 4))
+        # A channel constant over the sample (the phase, when no sampled frame's camera moved)
+        # keeps its raw scale: dividing by a zero std would make every latent inf or NaN.
+        std = torch.where(std > 1e-6, std, torch.ones_like(std))
         sp = self.ae.cfg.sprite_slice
         mean[sp], std[sp] = 0.0, 1.0
         self.ae.set_normalisation(mean, std)

@@ -229,3 +229,20 @@ def test_carried_channels_are_trained_to_flow_from_the_latest_history_frame(
         assert torch.allclose(noisy[:, ch], carried[:, ch], atol=1e-5) is wanted
     assert not torch.allclose(noisy[:, :8], carried[:, :8], atol=1e-2)  # the cells: noise
     assert view_channels() == tuple(range(8, 12)) and place_channels() == (12, 13)
+
+
+def test_latent_statistics_stay_finite_when_the_camera_never_moves(tmp_path: Path):
+    """Frames that all lie on one camera phase make the phase channels constant: their std is 0,
+    and they keep their raw scale (std 1) so encoded latents stay finite; the cells vary and are
+    normalised by their own spread."""
+    trainer = Trainer(TrainConfig(ae_tiled=True, ae_sprite=True), tmp_path, None, progress=False)
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, size=(8, 64, 64, 3), dtype=np.uint8)
+    offsets = torch.full((8, 2), 3, dtype=torch.long)
+    trainer.set_latent_stats(frames, offsets)
+    std = torch.tensor(trainer.ae.cfg.latents_std)
+    phase = trainer.ae.cfg.phase_slice
+    assert torch.equal(std[phase], torch.ones_like(std[phase]))
+    assert (std[: phase.start] > 1e-6).all() and (std[: phase.start] != 1.0).all()
+    x = torch.from_numpy(frames[:2]).float().div(127.5).sub(1.0).permute(0, 3, 1, 2)[:, :, None]
+    assert trainer.ae.encode_float(x, offsets[:2, None]).isfinite().all()
