@@ -14,8 +14,9 @@ cuts a clip's start) and holds one key for `--frames` frames, in the eval's wall
 * `near`: from 4 px before the wall toward it: the game moves 4 px and stops.
 
 A model that sees walls moves less into a wall than away from it; one that does not moves alike
-(px, median over 2 noise seeds per case, read from the decoded frames like the eval). Writes
---out/tiny_world_wall_probe.json.
+(px the player moves in the world, read from the decoded frames as the eval reads it: the view's
+scroll plus the sprite's motion on screen; the median of 2 noise seeds per case; the game's by its
+own rule, `held_moves`). Writes --out/tiny_world_wall_probe.json.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tiny_world_eval import find_wall_cases
 from benchmarks.tiny_world_history_probe import write_result
-from models.game import GameConfig, SimResult, simulate
+from models.game import GameConfig, SimResult, generate_world, held_moves, simulate
 from models.registry import from_name
 from models.tiny_world.data import action_rows, sim_cameras
 from models.tiny_world.metrics import KEY_AXES, world_displacement
@@ -54,7 +55,8 @@ def start_latent(world: World, sim: SimResult, t: int, config: GameConfig) -> to
 
 
 def model_move(world: World, start: torch.Tensor, key: str, frames: int, seed: int) -> float:
-    """px the model's view moves in `key`'s direction over `frames` frames from `start`."""
+    """px the model's player moves in the world in `key`'s direction over `frames` frames from
+    `start` (read from the decoded frames, `world_displacement`)."""
     x0 = torch.zeros(1, start.shape[0], 1 + frames, *start.shape[2:])
     x0[0, :, :1] = start
     acts = torch.from_numpy(action_rows([frozenset({key})] * frames))[None, :, None]
@@ -73,14 +75,6 @@ def model_move(world: World, start: torch.Tensor, key: str, frames: int, seed: i
     return float(world_displacement(video.numpy(), axis)[-1] * sign)
 
 
-def game_move(seed: int, prefix: list[frozenset[str]], key: str, frames: int, config: GameConfig) -> float:
-    """px the game's player moves in `key`'s direction over `frames` frames after `prefix`."""
-    sim = simulate(seed, prefix + [frozenset({key})] * frames, config)
-    axis, sign = AXES[key]
-    pos = sim.player_world_pos[:, axis] * config.scale
-    return float((pos[-1] - pos[len(prefix)]) * sign)
-
-
 def probe(name: str, cases: list[tuple[int, str, int]], frames: int) -> dict:
     world = from_name(name)
     config = GameConfig()
@@ -88,6 +82,7 @@ def probe(name: str, cases: list[tuple[int, str, int]], frames: int) -> dict:
     for seed, key, stop in cases:
         walk = [frozenset({key})] * HOLD
         sim = simulate(seed, walk, config)
+        game_world = generate_world(seed, config)
         starts = {
             "into_wall": (PRESSED, key),
             "away": (PRESSED, OPPOSITE[key]),
@@ -97,12 +92,13 @@ def probe(name: str, cases: list[tuple[int, str, int]], frames: int) -> dict:
         for case, (t, k) in starts.items():
             start = start_latent(world, sim, t, config)
             model = float(np.median([model_move(world, start, k, frames, s) for s in range(2)]))
+            game, _ = held_moves(game_world, sim.player_world_pos[t : t + 1], *AXES[k], frames, config)
             rows.append(
                 {
                     "seed": seed,
                     "case": case,
                     "key": k,
-                    "game": game_move(seed, walk[:t], k, frames, config),
+                    "game": float(game[0] * config.scale),
                     "model": model,
                 }
             )

@@ -1753,19 +1753,20 @@ class Trainer:
             r = torch.rand(b, generator=self.gen)
             last = f - 1 - self.dit.cfg.chunk_frames  # the last chunk's last history frame
             frames = torch.arange(1, last + 1, dtype=torch.float32)
-            for k in warp.nonzero().flatten().tolist():
-                src = (last - r[k] * (last - frames)).round().long()
-                if self.ae.cfg.frame_size:
-                    # Tile-aligned: the slowed frames cut from their own cells and re-anchored
-                    # as a session would, not moved as latents (the canvas' cells would not match).
-                    slowed = idx[k : k + 1].copy()
-                    slowed[0, 1 : last + 1] = idx[k, src.numpy()]
-                    source = blurred if soft[k] else lat
-                    hist[k, :, 1 : last + 1] = self.history_latents(source, cams, e[k : k + 1], slowed)[
-                        0, :, 1 : last + 1
-                    ]
-                else:
-                    hist[k, :, 1 : last + 1] = hist[k, :, src]
+            src = (last - r[:, None] * (last - frames)).round().long()  # (B, last): frames shown
+            if self.ae.cfg.frame_size:
+                # Tile-aligned: the slowed frames cut from their own cells and re-anchored as a
+                # session would, not moved as latents (the canvas' cells would not match).
+                slowed = idx.copy()
+                slowed[:, 1 : last + 1] = np.take_along_axis(idx, src.numpy(), axis=1)
+                for rows, source in ((warp & soft, blurred), (warp & ~soft, lat)):
+                    if rows.any():
+                        sel = rows.numpy()
+                        cut = self.history_latents(source, cams, e[sel], slowed[sel])
+                        hist[rows, :, 1 : last + 1] = cut[:, :, 1 : last + 1]
+            else:
+                for k in warp.nonzero().flatten().tolist():
+                    hist[k, :, 1 : last + 1] = hist[k, :, src[k]]
         if c.sf_sprite_jitter > 0:
             moved = (torch.rand(b, generator=self.gen) < 0.5) & eligible
             j = c.sf_sprite_jitter
@@ -1935,9 +1936,10 @@ class Trainer:
         if heads is not None and heads.marker is not None:
             # Every token of both copies predicts the marker of its cells in the clean frames.
             clean = torch.cat([hist, x0[:, :, 1:]], dim=2)
-            aux = (heads.marker(last[0]) - heads.marker_targets(sprite_marker(clean, dit.cfg.marker))).pow(2)
-            total_loss = total_loss + c.sf_marker_aux * aux.mean()
-            self.phase_log["marker_aux"] = aux.mean().item()
+            want = heads.marker_targets(sprite_marker(clean, dit.cfg.marker))
+            aux = (heads.marker(last[0]) - want).pow(2).mean()
+            total_loss = total_loss + c.sf_marker_aux * aux
+            self.phase_log["marker_aux"] = aux.item()
         if heads is not None and heads.motion is not None and motions is not None:
             # Every token of the clean copy predicts its frame's motions under each key.
             tokens = last[0][:, : last[0].shape[1] * f // (2 * f - 1)]
