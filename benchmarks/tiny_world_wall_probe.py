@@ -4,8 +4,9 @@
 
 The eval's wall probe (`tiny_world_eval.py`) walks into a wall from the spawn, so a model that
 continues its history's motion walks on. Here every rollout starts from a single game frame (the
-DiT and the serving sampler directly, the frame encoded on its own camera phase, as the trainer
-cuts a clip's start) and holds one key for `--frames` frames, in the eval's wall worlds:
+DiT, the serving sampler and the world's key gate, if it has one, directly; the frame encoded on
+its own camera phase, as the trainer cuts a clip's start) and holds one key for `--frames`
+frames, in the eval's wall worlds:
 
 * `into_wall`: pressed against the wall (frame 20 of the eval's walk), the same key: the game
   stays (0 px);
@@ -69,6 +70,7 @@ def model_move(world: World, start: torch.Tensor, key: str, frames: int, seed: i
             torch.Generator().manual_seed(seed),
             canonical=world.decoder.canonical,
             carry_channels=world.config.carry_channels,
+            gate=world.gate,
         )
     video, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
     axis, sign = AXES[key]

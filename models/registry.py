@@ -8,6 +8,8 @@ A model directory has diffusers' layout plus one file of serving settings::
     DIR/transformer/diffusion_pytorch_model.safetensors
     DIR/vae/config.json                      AutoencoderKLWan config, or FastAEConfig for "fast"
     DIR/vae/diffusion_pytorch_model.safetensors
+    DIR/gate/key_gate.safetensors            optional: a learned key gate (models/key_gate.py),
+                                             its KeyGateConfig in worldserve.json "gate"
 
 `transformer/config.json` is accepted too when worldserve.json has no "transformer" entry,
 so a plain diffusers Wan checkpoint loads with only a small worldserve.json beside it.
@@ -46,6 +48,7 @@ from safetensors.torch import load_file, save_file
 
 from models.causal_wan import ActionConfig, CausalWan, CausalWanConfig
 from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
+from models.key_gate import KeyGate, KeyGateConfig
 from models.sampler import FlowSchedule
 from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
 from models.tiny_world import WEIGHTS_DIR as TINY_WORLD_DIR
@@ -54,6 +57,7 @@ from models.vae import StreamingDecoder, WanStreamingVAE
 from models.world import World, WorldConfig
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
+GATE_WEIGHTS = "gate/key_gate.safetensors"  # a world's key gate, relative to its directory
 # diffusers' own loader drops these keys (Wan I2V leftovers); so do we.
 IGNORED_KEYS = ("norm_added_q",)
 DECODER_KINDS = ("wan", "fast", "taehv")  # worldserve.json "decoder.kind" values
@@ -204,6 +208,7 @@ def with_decoder(world: World, spec: str) -> World:
         device=world.device,
         dtype=world.dtype,
         start_image=world._start_image,
+        gate=world.gate,
     )
     out.prompts = world.prompts
     return out
@@ -303,6 +308,22 @@ def save_world(
         str(root / "transformer" / WEIGHTS),
     )
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(root / "vae" / WEIGHTS))
+    if world.gate is not None:
+        save_gate(world.gate, root)
+
+
+def save_gate(gate: KeyGate, path: str | Path) -> None:
+    """Write a key gate into a model directory: its weights, and its config as worldserve.json's
+    "gate" entry (the rest of the directory is left as it is)."""
+    root = Path(path)
+    meta_path = root / "worldserve.json"
+    meta = json.loads(meta_path.read_text())
+    meta["gate"] = gate.cfg.to_dict()
+    (root / GATE_WEIGHTS).parent.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.detach().float().contiguous() for k, v in gate.state_dict().items()}, str(root / GATE_WEIGHTS)
+    )
+    meta_path.write_text(json.dumps(meta, indent=2))
 
 
 def load_world(
@@ -349,6 +370,10 @@ def load_world(
     )
     load_state(world.transformer, root / "transformer" / WEIGHTS)
     load_state(decoder_module(world.decoder), weights)
+    if "gate" in meta:
+        gate = KeyGate(KeyGateConfig.from_dict(meta["gate"]))
+        load_state(gate, root / GATE_WEIGHTS)
+        world.set_gate(gate)
     if torch.device(device) == torch.device("cpu") and dtype == torch.float32:
         return world
     dec = wrap_decoder(decoder_module(world.decoder).to(device=device, dtype=dtype), kind)
@@ -359,6 +384,7 @@ def load_world(
         device=device,
         dtype=dtype,
         start_image=world._start_image,
+        gate=world.gate,
     )
 
 

@@ -8,6 +8,8 @@
 * `canonical(x0)`: a generated chunk in the form it is shown and kept as history (the decoder's);
 * `carry(noise, last)`: the sampler's noise with the config's `carry_channels` set to each
   session's latest latent frame (worlds trained to start those channels there);
+* `gate_actions(actions, last)`: a chunk's action rows with the movement keys its learned key
+  gate (`models.key_gate`) finds blocked from each session's latest latent frame released;
 * `context(x0, index, actions)`: the clean pass that leaves the chunk's K/V in scratch;
 * `decode(latents, state)` -> frames and a *new* decoder cache (the old one is untouched).
 
@@ -32,6 +34,7 @@ import torch
 from models.actions import ActionSpace, FrameLayout
 from models.causal_wan import CausalWan
 from models.i2v import ImageConditioner
+from models.key_gate import KeyGate
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry
 from models.vae import DecoderCache, StreamingDecoder, decode_batch
@@ -125,7 +128,8 @@ class WorldState:
     frames: int = 0  # committed latent frames (the KV length)
     video_frames: int = 0  # committed video frames (frame0 of the next chunk)
     start_latents: torch.Tensor | None = None  # (C, 1, h, w) image latent until the runner prefills it
-    # (C, 1, h, w) the latest committed latent frame, kept only for worlds with carry_channels.
+    # (C, 1, h, w) the latest committed latent frame, kept only for worlds that read it
+    # (`World.keeps_last`: carry_channels or a key gate).
     last_latent: torch.Tensor | None = None
 
 
@@ -160,6 +164,7 @@ class World:
         dtype: torch.dtype = torch.float32,
         start_image: Callable[[int], np.ndarray] | None = None,
         conditioner: ImageConditioner | None = None,
+        gate: KeyGate | None = None,
     ) -> None:
         self.config = config
         self.transformer = transformer.eval()
@@ -196,8 +201,28 @@ class World:
         if tcfg.action is not None and tcfg.action.frames_per_latent != decoder.layout.frames_per_latent:
             raise ValueError("action frames_per_latent must equal the decoder's temporal factor")
         self.action_space = tcfg.action.space if tcfg.action is not None else ActionSpace()
+        self.gate: KeyGate | None = None  # which held keys the world's walls block (None: every key moves)
+        if gate is not None:
+            self.set_gate(gate)
+
+    def set_gate(self, gate: KeyGate) -> None:
+        """Give the world a key gate (`gate_actions`), on its device and dtype."""
+        keys = tuple(self.action_space.keys)
+        if tuple(gate.cfg.keys) != keys:
+            raise ValueError(f"key gate reads keys {list(gate.cfg.keys)}, the world's are {list(keys)}")
+        if gate.cfg.in_channels != self.latent_shape[0]:
+            raise ValueError(
+                f"key gate reads {gate.cfg.in_channels} latent channels, the DiT makes {self.latent_shape[0]}"
+            )
+        self.gate = gate.to(device=self.device, dtype=self.dtype).eval()
 
     # -- description ----------------------------------------------------------------------------
+
+    @property
+    def keeps_last(self) -> bool:
+        """Whether sessions keep their latest latent frame (`WorldState.last_latent`): read by
+        `carry` and `gate_actions`."""
+        return bool(self.config.carry_channels) or self.gate is not None
 
     @property
     def layout(self) -> FrameLayout:
@@ -507,6 +532,22 @@ class World:
             if z is not None:
                 carry(noise[i : i + 1], z[None], self.config.carry_channels)
         return noise
+
+    @torch.no_grad()
+    def gate_actions(
+        self, actions: torch.Tensor | None, last: Sequence[torch.Tensor | None]
+    ) -> torch.Tensor | None:
+        """A chunk's action rows (B, n, ..., width) with each movement key released in the frames
+        the world's key gate finds it blocked from entry i's latest latent frame `last[i]`
+        (C, 1, h, w); entries past `last` or whose `last` is None (padding, nothing committed)
+        and worlds without a gate keep theirs."""
+        rows = [i for i, z in enumerate(last) if z is not None]
+        if self.gate is None or actions is None or not rows:
+            return actions
+        z = torch.stack([last[i][:, -1] for i in rows]).to(self.device, self.dtype)  # (k, C, h, w)
+        out = actions.clone()
+        out[rows] = self.gate.gate(actions[rows], self.gate.free_frames(z)).to(actions.dtype)
+        return out
 
     @torch.no_grad()
     def context(

@@ -178,8 +178,9 @@ class Batch:
         self.live = list(range(len(txns)))  # entries still running
         self.clock = StageClock(world.device)
         self.index = self._index()
-        self.actions = self._actions()
         self.last = self._last()
+        # Keys the world's walls block are released before the DiT sees them (`World.gate_actions`).
+        self.actions = world.gate_actions(self._actions(), self.last)
         self.x0 = torch.empty(0)  # the clean estimate, set by denoise
         self.finite = torch.empty(0)  # (size,) bool: x0 is finite, read with the frames
         self.caches: list = []  # decoder caches of the live entries, set by decode
@@ -212,9 +213,10 @@ class Batch:
         return acts.to(w.device, non_blocking=True)
 
     def _last(self) -> list[torch.Tensor | None]:
-        """Each entry's latest latent frame for `World.carry`: that of the chunk it runs on top of
-        (pipelined), else its stream's committed one; empty for worlds that carry nothing."""
-        if not self.world.config.carry_channels:
+        """Each entry's latest latent frame for `World.carry` and `World.gate_actions`: that of the
+        chunk it runs on top of (pipelined), else its stream's committed one; empty for worlds
+        that read none (`World.keeps_last`)."""
+        if not self.world.keeps_last:
             return []
         return [t.after.tail if t.after is not None else t.stream.state.last_latent for t in self.txns]
 
@@ -552,7 +554,7 @@ class Runner:
         st.video_frames += frames.shape[0]
         st.decoder = cache
         st.start_latents = None
-        if world.config.carry_channels:
+        if world.keeps_last:
             st.last_latent = x0[0, :, -1:]
         return frames[-1]
 

@@ -80,8 +80,9 @@ class Transaction:
         # must commit first; if it does not, this one is rolled back and runs again.
         self.after = after
         self.n_latent = n_latent  # latent frames the chunk adds
-        # (C, 1, h, w) the chunk's last clean latent frame, set by the denoise for worlds with
-        # carry_channels: the stream's `last_latent` at commit, and what a chunk run on top reads.
+        # (C, 1, h, w) the chunk's last clean latent frame, set by the denoise for worlds that keep
+        # it (`World.keeps_last`): the stream's `last_latent` at commit, and what a chunk run on
+        # top reads.
         self.tail: torch.Tensor | None = None
         if after is None:
             st = stream.state

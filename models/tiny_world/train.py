@@ -80,7 +80,13 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
     sf3      a third self-forced phase (`sf3_steps` > 0), from the sf2 phase's EMA with a fresh
              optimiser: sf2's settings with the view's phase channels weighted `sf3_phase_weight`
              in the flow loss (`sf_phase_weight`: the motion, against the cells).
-    export   DIR/model: a model directory (worldserve.json + transformer/ + vae/) for load_world
+             `sf_release_blocked`: the self-forced phases see every movement key released in the
+             steps a wall blocks it (`release_blocked`), as the key gate serves the DiT.
+    gate     the key gate (`gate_steps` > 0; models/key_gate.py, models/tiny_world/gate.py): a
+             small classifier from a latent frame to each movement key's room in the next chunk,
+             on every episode frame in the served history's form, labelled by the game's rule on
+             each world's map; half the frames see the player moved up to `gate_jitter` px.
+    export   DIR/model: a model directory (worldserve.json + transformer/ + vae/ [+ gate/]) for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
 mask, few-step flow sampling), Diffusion Forcing (independent per-chunk noise), rectified flow
@@ -110,19 +116,29 @@ from tqdm import tqdm
 from models.causal_wan import CausalWan, CausalWanConfig, MarkerConfig, frame_attention_mask, sprite_marker
 from models.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDecoder
 from models.game import Game, GameConfig, GameError, generate_world, held_moves, random_policy
+from models.key_gate import KeyGate
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry
 from models.tiny_world import SIZE, ae_config, carried_channels, dit_config, marker_config, world_config
 from models.tiny_world.data import FOCUS_POLICY, KEYS, Episodes, make_episodes
+from models.tiny_world.gate import (
+    GateTraining,
+    canonical_latents,
+    gate_config,
+    own_anchor_latents,
+    train_gate,
+    world_centres,
+    world_walls,
+)
 from models.tiny_world.metrics import KEY_AXES, off_centre
 from models.world import World
 
-STAGES = ("ae", "dit", "sf", "sf2", "sf3", "done")
+STAGES = ("ae", "dit", "sf", "sf2", "sf3", "gate", "done")
 SF_STAGES = ("sf", "sf2", "sf3")
 MOTION_FRAMES = 8  # frames a key is held for `key_motions`: two chunks, past the next one
 # Settings whose default changed the recipe when they were added: their value before, so a run
 # checkpointed before them resumes (and exports) as it was started.
-ABSENT = {"sf2_steps": 0, "sf3_steps": 0}
+ABSENT = {"sf2_steps": 0, "sf3_steps": 0, "sf3_release_blocked": False, "gate_steps": 0}
 # Anchored targets (`sf_target` "anchor"): how far (frame pixels) the model's view may have
 # drifted from the game's and still be found, and how well it must match the game's terrain
 # there (PSNR, dB) to be trained on; below it the model's world no longer is the game's map.
@@ -202,9 +218,11 @@ class TrainConfig:
     sf2_jitter_centred: bool = True  # its sf_jitter_centred
     # A third self-forced phase, `sf3` (0 steps: none): from the sf2 phase's EMA, `sf3_steps` more
     # steps with sf2's settings, except the view's phase channels weighted in the flow loss, so
-    # the view follows a held key at the game's speed (model card, AX; AU: weight 4).
+    # the view follows a held key at the game's speed (model card, AX; AU: weight 4), and the keys
+    # as the key gate serves them (BG).
     sf3_steps: int = 250
     sf3_phase_weight: float = 2.0  # its sf_phase_weight
+    sf3_release_blocked: bool = True  # its sf_release_blocked (the key gate serves the DiT so; BG)
     # From this stage on ("dit", "sf", "sf2" or "sf3"; "": never) the DiT also reads, per latent cell,
     # where the player is relative to that cell (`with_marker`, `MarkerConfig`): its input layer
     # grows two zero-initialised channels there.
@@ -231,6 +249,15 @@ class TrainConfig:
     # key from there (`key_motions`: the wall rule and the camera's clamp at the world's edge,
     # from the game's map), so the tokens must hold what the motion under a key depends on.
     sf_motion_aux: float = 0.0
+    # The self-forced phases see every movement key released in the steps where a wall blocks it
+    # (`release_blocked`), as a world with a key gate (`models.key_gate`) serves its DiT: a held
+    # key then always moves the player, and a blocked one is an idle frame.
+    sf_release_blocked: bool = False
+    # The key gate (`models.key_gate`; models/tiny_world/gate.py), trained after the DiT stages on
+    # the same episodes' latents (0 steps: no gate). Half its frames see the player moved up to
+    # `gate_jitter` px, as a generated frame may draw it.
+    gate_steps: int = 3000
+    gate_jitter: int = 6
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -578,6 +605,15 @@ def key_blocked(actions: torch.Tensor, cameras: torch.Tensor, players: torch.Ten
     )
 
 
+def release_blocked(actions: torch.Tensor, cameras: torch.Tensor, players: torch.Tensor) -> torch.Tensor:
+    """Action rows (E, N+1, width) with every movement key released in the steps where it is held
+    and blocked (`key_blocked`): what the DiT of a world with a key gate is given."""
+    out = actions.clone()
+    for k, (key, _, _) in enumerate(KEY_AXES):
+        out[:, 1:, KEYS.index(key)] *= (~key_blocked(actions, cameras, players)[k]).to(out.dtype)
+    return out
+
+
 def stop_onsets(actions: torch.Tensor, cameras: torch.Tensor, players: torch.Tensor) -> torch.Tensor:
     """(E, N+1) bool: the episode frames in which a held movement key starts to be blocked
     (`key_blocked`), though it was not in the frame before or the key was not held then (frame
@@ -666,6 +702,7 @@ def rollout_history(
     last_inputs: torch.Tensor | None = None,
     canonical: Callable[[torch.Tensor], torch.Tensor] | None = None,
     carry_channels: Sequence[int] = (),
+    gate: KeyGate | None = None,
 ) -> torch.Tensor:
     """The model's own version of a clip: frame 0 of `x0` (B, C, F, h, w), then chunk after chunk
     generated by the serving sampler (the schedule's steps, clean history at t = 0, the cached
@@ -676,7 +713,8 @@ def rollout_history(
     (B, C, F-1, h, w), if given, receives every generated chunk's input to the sampler's last step.
     `canonical` (the autoencoder's, as `World.context` applies it) snaps every generated chunk
     before it becomes history. `carry_channels` of every noise draw hold the history's latest
-    frame, as `World.carry` serves them.
+    frame, as `World.carry` serves them; a key `gate` releases the keys it finds blocked from
+    that frame before each generated chunk, as `World.gate_actions` does.
 
     It runs as a session does: every chunk through the model's K/V cache (`forward_chunk`: the
     sampler's forwards, then the clean pass that writes the chunk's K/V), so a chunk costs the same
@@ -715,6 +753,8 @@ def rollout_history(
             idx, acts = index(s, chunk), actions[:, s : s + chunk]
             if j >= first:
                 last = out[:, :, s - 1 : s]  # the history's latest frame, for the carried channels
+                if gate is not None:
+                    acts = gate.gate(acts, gate.free_frames(last[:, :, 0]))
 
                 def draw(step: int, j: int = j, last: torch.Tensor = last) -> torch.Tensor:
                     return carry(noise(j, step), last, carry_channels)
@@ -945,6 +985,7 @@ class Trainer:
         self.aux_heads: AuxHeads | None = None  # `sf_marker_aux` or `sf_motion_aux` > 0, in an sf phase
         self.aux_opt: torch.optim.Optimizer | None = None
         self.phase_log: dict[str, float] = {}  # the last step's unweighted loss on the phase channels
+        self.gate: KeyGate | None = None  # the `gate` stage's key gate, once trained
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -981,6 +1022,7 @@ class Trainer:
                     if self.aux_heads is not None and self.aux_opt is not None
                     else {}
                 ),
+                **({"gate": self.gate.state_dict()} if self.gate is not None else {}),
             },
         )
 
@@ -1017,6 +1059,9 @@ class Trainer:
             self.new_aux_heads(marker="marker.weight" in heads, motion="motion.weight" in heads)
             self.aux_heads.load_state_dict(heads)
             self.aux_opt.load_state_dict(state["aux_opt"])
+        if "gate" in state:
+            self.gate = KeyGate(gate_config(self.ae))
+            self.gate.load_state_dict(state["gate"])
         set_rng_state(self.rng, self.gen, state["rng"])
 
     def reuse_ae(self, run: Path) -> None:
@@ -1103,7 +1148,7 @@ class Trainer:
     def sf_config(self, stage: str | None = None) -> TrainConfig:
         """The settings a self-forced phase (default: the current stage) trains by: the run's, or
         in `sf2` the run's with that phase's steps, view start and jitter, in `sf3` sf2's with
-        its own steps and phase weight."""
+        its own steps, phase weight and released blocked keys."""
         c = self.cfg
         stage = stage or self.stage
         if stage not in ("sf2", "sf3"):
@@ -1113,7 +1158,12 @@ class Trainer:
         )
         if stage == "sf2":
             return sf2
-        return replace(sf2, sf_steps=c.sf3_steps, sf_phase_weight=c.sf3_phase_weight)
+        return replace(
+            sf2,
+            sf_steps=c.sf3_steps,
+            sf_phase_weight=c.sf3_phase_weight,
+            sf_release_blocked=c.sf3_release_blocked,
+        )
 
     def carried(self, stage: str | None = None) -> tuple[int, ...]:
         """The latent channels a stage (default: the current one) starts from the history's
@@ -1470,7 +1520,43 @@ class Trainer:
             self.stage = "sf"
             self.begin_sf()
         else:
-            self.stage, self.step = "done", 0
+            self.end_dit()
+        self.checkpoint()
+        return True
+
+    def end_dit(self) -> None:
+        """After the last DiT stage: the key gate's stage, or done."""
+        self.stage, self.step = ("gate" if self.cfg.gate_steps > 0 else "done"), 0
+
+    def train_gate(self) -> bool:
+        """The `gate` stage: a key gate (`models.key_gate`) on every episode frame as the served
+        history holds it (on its own anchor, `canonical`), labelled by the game's rule on each
+        world's map (`free_walk`). Records its held-out accuracy in the log; always finishes."""
+        c = self.cfg
+        self.stage = "gate"  # also when entered from `init_from` (models/tiny_world/gate.py)
+        lat, _, cams, players = self.latents()
+        if cams is None or players is None or not self.ae.cfg.sprite:
+            raise SystemExit(
+                "the key gate needs tile-aligned latents with a sprite layer, cameras and players"
+            )
+        t0 = time.monotonic()
+        z = canonical_latents(self.ae, own_anchor_latents(self.ae, lat, cams))
+        game = GameConfig(size=SIZE)
+        walls = world_walls(range(c.world_seed_base, c.world_seed_base + lat.shape[0]), game)
+        tr = GateTraining(steps=c.gate_steps, jitter=c.gate_jitter, seed=c.seed)
+        gate, record = train_gate(
+            gate_config(self.ae),
+            z,
+            walls,
+            world_centres(cams, players, game),
+            self.ae.cfg.sprite_slice.start,
+            tr,
+            game,
+            progress=self.progress,
+        )
+        self.gate = gate
+        self.log({**record, "seconds": round(time.monotonic() - t0, 1), "t": self.total_elapsed()})
+        self.stage, self.step = "done", 0
         self.checkpoint()
         return True
 
@@ -1502,6 +1588,7 @@ class Trainer:
             or c.sf_blocked > 0
             or c.sf_motion_aux > 0
             or c.sf_stop_weight != 1.0
+            or c.sf_release_blocked
         )
         if needs_players and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
@@ -1541,6 +1628,8 @@ class Trainer:
                 raise SystemExit(
                     "--sf-blocked: no clip of the training episodes starts pressed against a wall"
                 )
+        if c.sf_release_blocked:  # after the onsets and blocked starts, which read the pressed keys
+            acts = release_blocked(acts, cams, players)
 
         def clips(idx: np.ndarray, e: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
             """Latents (B, C, F, h, w) and action rows (B, F, 1, width) of episode frames `idx`
@@ -1679,7 +1768,7 @@ class Trainer:
             self.stage = stages[stages.index(self.stage) + 1]
             self.begin_sf()
         else:
-            self.stage, self.step = "done", 0
+            self.end_dit()
         self.checkpoint()
         return True
 
@@ -1989,9 +2078,11 @@ class Trainer:
         from models.registry import save_world
 
         # Served as the last trained phase carries (exported mid-run: as the current one).
-        last = self.stage if self.stage != "done" else self.cfg.dit_stages()[-1]
+        last = self.stage if self.stage in self.cfg.dit_stages() else self.cfg.dit_stages()[-1]
         config = world_config(carry=self.carried(last))
-        world = World(config, self.ema.eval(), FastStreamingDecoder(self.ae.eval()), start_image=None)
+        world = World(
+            config, self.ema.eval(), FastStreamingDecoder(self.ae.eval()), start_image=None, gate=self.gate
+        )
         model_dir = self.out / "model"
         save_world(world, model_dir, start_image={"kind": "game", "size": SIZE})
         summary = {"config": asdict(self.cfg), "train_seconds": round(self.total_elapsed(), 1)}
@@ -2011,6 +2102,8 @@ class Trainer:
             while self.stage in SF_STAGES:
                 if not self.train_sf():
                     return False
+            if self.stage == "gate":
+                self.train_gate()
             self.export()
             return True
         finally:
@@ -2063,6 +2156,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    # Tiny Adam moments turn denormal and slow CPU math ~10x (the key gate's 3x slower by its
+    # thousandth step). The flag is per thread and torch's workers take it from the thread that
+    # starts them, so it is set before any exist; restored for whoever runs after (tests).
+    torch.set_flush_denormal(True)
+    try:
+        return run_cli(parser, args)
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def run_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`main` after the arguments are parsed and the threads set."""
     overrides = {
         f.name: getattr(args, f.name)
         for f in fields(TrainConfig)
@@ -2079,6 +2184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{ckpt} exists; pass --resume or use a new --out")
     else:
         cfg = TrainConfig.from_dict({**asdict(TrainConfig()), **overrides, "seed": args.seed})
+    if cfg.gate_steps > 0 and not (cfg.ae_tiled and cfg.ae_sprite):
+        parser.error(
+            "the key gate (--gate-steps) reads the sprite layer: it needs --ae-tiled true --ae-sprite true, "
+            "or --gate-steps 0"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = None if args.minutes is None else time.monotonic() + args.minutes * 60
     trainer = Trainer(cfg, args.out, deadline, progress=not args.no_progress)

@@ -50,6 +50,12 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     second = {"sf2_steps": 500, "sf2_view_start": True, "sf2_jitter_centred": True}
     assert {k: getattr(cfg, k) for k in second} == second
     assert (cfg.sf3_steps, cfg.sf3_phase_weight) == (250, 2.0) and cfg.dit_stages()[-1] == "sf3"
+    assert cfg.sf3_release_blocked and (cfg.gate_steps, cfg.gate_jitter) == (3000, 6)
+    # The key gate reads the latents the DiT makes and gives each key's room for one chunk.
+    assert world.gate is not None and world.gate.cfg.moves == tuple(KEY_AXES)
+    assert (
+        world.gate.cfg.horizon == world.chunk_frames and world.gate.cfg.in_channels == world.latent_shape[0]
+    )
     trainer = Trainer(cfg, tmp_path, None, progress=False)
     # Served as its last phase trained: the view's phase carried from the latest frame.
     assert world.config.carry_channels == trainer.carried("sf3") == view_channels()

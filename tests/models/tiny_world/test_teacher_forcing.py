@@ -151,7 +151,15 @@ def test_self_forced_history_is_the_engines_rollout(sink, carry, tmp_path):
     gen = torch.Generator()
     carried = world.config.carry_channels
     lat = rollout_history(
-        world.transformer, x0, actions, sched, gen, noise, canonical=world.canonical, carry_channels=carried
+        world.transformer,
+        x0,
+        actions,
+        sched,
+        gen,
+        noise,
+        canonical=world.canonical,
+        carry_channels=carried,
+        gate=world.gate,
     )
     mine, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
     assert np.abs(mine.numpy().astype(int) - served.astype(int)).max() <= 1

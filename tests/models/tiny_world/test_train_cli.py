@@ -21,7 +21,7 @@ TINY = [
     # plain latents and a blurred-history sf stage (L's recipe): small and quick; tests of the
     # tile-aligned recipe (the defaults) pass its flags after these
     "--ae-tiled", "false", "--ae-sprite", "false", "--sf-blur", "0.5", "--sf-sprite-jitter", "0",
-    "--sf2-steps", "0",
+    "--sf2-steps", "0", "--gate-steps", "0",
 ]  # fmt: skip
 
 
@@ -131,5 +131,17 @@ def test_an_sf_stage_the_latents_cannot_serve_stops_before_any_training(flags, m
     # sf settings that need the tile-aligned recipe's latents, on plain ones: refused up front,
     # not after the autoencoder and the DiT have trained.
     with pytest.raises(SystemExit, match=message):
-        main(["--out", str(tmp_path / "run"), "--ae-tiled", "false", "--ae-sprite", "false", *flags])
+        main(
+            [
+                "--out",
+                str(tmp_path / "run"),
+                "--ae-tiled",
+                "false",
+                "--ae-sprite",
+                "false",
+                "--gate-steps",
+                "0",
+                *flags,
+            ]
+        )
     assert not (tmp_path / "run" / "train_log.jsonl").exists()

@@ -1,0 +1,260 @@
+"""The tiny world's key gate (`models.key_gate`): its config, its labels and its training.
+
+    python -m models.tiny_world.gate --model DIR [--out DIR2] [--work SCRATCH] [--seed S]
+
+trains a gate for the model directory DIR on the training worlds' episodes (the recipe's data,
+encoded with DIR's own autoencoder) as the training run's `gate` stage does (`Trainer.train_gate`,
+`TrainConfig`'s gate settings) and writes DIR (or a copy, DIR2) with DIR/gate/ added: about 10
+minutes on 2 CPU cores. The labels are the game's rule on each world's map (`free_walk`): from
+every recorded frame, how many of the next `horizon` frames holding each movement key still
+moves the player.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from models.fast_decoder import SPRITE_SCALE, FastAutoencoder
+from models.game import GameConfig, generate_world
+from models.key_gate import KeyGate, KeyGateConfig
+from models.tiny_world import marker_config
+from models.tiny_world.data import KEYS
+from models.tiny_world.metrics import KEY_AXES
+
+
+def gate_config(ae: FastAutoencoder, horizon: int = 4) -> KeyGateConfig:
+    """The gate of a tile-aligned, sprite-layered, normalised tiny-world autoencoder."""
+    return KeyGateConfig(
+        keys=tuple(KEYS),
+        moves=tuple(KEY_AXES),
+        in_channels=ae.cfg.latent_channels,
+        marker=marker_config(ae.cfg),
+        horizon=horizon,
+    )
+
+
+def free_walk(
+    walls: torch.Tensor, episode: torch.Tensor, centres: torch.Tensor, horizon: int, config: GameConfig
+) -> torch.Tensor:
+    """(n, 4) int64: per movement key (`KEY_AXES` order), for how many of `horizon` frames holding
+    it alone moves the player from world centre `centres` (n, 2) (world units) on the map
+    `walls[episode]` ((E, T, T) bool tiles, `episode` (n,)): the game's rule (`Game.step`) for a
+    player standing free; a player drawn overlapping a wall (a generated frame can show one) walks
+    on while the edge it leads with is free, so it cannot walk deeper in but can back out."""
+    side, tile, v = config.player_size, config.tile, config.player_speed
+    top_left = centres.double() - side / 2.0
+    last = walls.shape[-1] - 1
+    out = []
+    for _, axis, sign in KEY_AXES:
+        a, o = top_left[:, axis], top_left[:, 1 - axis]
+        o_tiles = [(o / tile).floor(), ((o + side) / tile).ceil() - 1]
+        free = torch.full((len(a),), horizon, dtype=torch.long)
+        walking = torch.ones(len(a), dtype=torch.bool)
+        for j in range(1, horizon + 1):
+            # The strip the box's leading edge sweeps in frame j.
+            lo, hi = (a + side + (j - 1) * v, a + side + j * v) if sign > 0 else (a - j * v, a - (j - 1) * v)
+            hit = torch.zeros(len(a), dtype=torch.bool)
+            for at in ((lo / tile).floor(), (hi / tile).ceil() - 1):
+                for ot in o_tiles:
+                    at_i, ot_i = at.long().clamp(0, last), ot.long().clamp(0, last)
+                    x, y = (at_i, ot_i) if axis == 0 else (ot_i, at_i)
+                    hit |= walls[episode, y, x]
+            free[walking & hit] = j - 1
+            walking &= ~hit
+        out.append(free)
+    return torch.stack(out, dim=1)
+
+
+def world_centres(cameras: torch.Tensor, players: torch.Tensor, config: GameConfig) -> torch.Tensor:
+    """The player's centre in world units from recorded cameras and screen places (frame px)."""
+    return (cameras + players).double() / config.scale
+
+
+def world_walls(seeds: Sequence[int], config: GameConfig) -> torch.Tensor:
+    """(E, T, T) bool: the wall tiles of the worlds `seeds`."""
+    return torch.stack([torch.from_numpy(generate_world(int(s), config).wall) for s in seeds])
+
+
+@dataclass
+class GateTraining:
+    """How a gate is trained (`TrainConfig`'s gate settings; recorded with the gate)."""
+
+    steps: int = 3000  # AdamW steps
+    batch: int = 256  # frames per step
+    lr: float = 2e-3  # peak learning rate (cosine to 5 %)
+    noise: float = 0.1  # std of Gaussian noise on the normalised latents (the model's own are not exact)
+    jitter: int = 6  # half the frames show the player moved up to this many px (labels from there)
+    held_out: float = 0.05  # share of the episodes (at least one) kept out to report accuracy on
+    seed: int = 0
+
+
+def jitter_player(z: torch.Tensor, sprite: int, offsets: torch.Tensor) -> torch.Tensor:
+    """Normalised latents (B, C, h, w) with the sprite layer's centre channels (`sprite`, +1)
+    moved by `offsets` (B, 2) view px (raw = normalised there: mean 0, std 1)."""
+    out = z.clone()
+    out[:, sprite : sprite + 2] += (offsets / SPRITE_SCALE).to(z.dtype)[:, :, None, None]
+    return out
+
+
+def train_gate(
+    gate_cfg: KeyGateConfig,
+    latents: torch.Tensor,
+    walls: torch.Tensor,
+    centres: torch.Tensor,
+    sprite: int,
+    tr: GateTraining,
+    config: GameConfig,
+    progress: bool = True,
+) -> tuple[KeyGate, dict]:
+    """Train a gate on latents (E, N+1, C, h, w) (canonical, normalised) of episodes on the maps
+    `walls` (E, T, T) with the player's world centres `centres` (E, N+1, 2); `sprite` is the
+    latents' first sprite-centre channel. Half the frames see the player moved by up to
+    `tr.jitter` px (`jitter_player`), labelled from where it is drawn (`free_walk`): a generated
+    frame may show it anywhere, also overlapping a wall. The last `held_out` share of the
+    episodes is not trained on; returns the gate and its accuracy there (`gate_accuracy`)."""
+    torch.manual_seed(tr.seed)
+    gen = torch.Generator().manual_seed(tr.seed + 1)
+    e_count, n_frames = latents.shape[:2]
+    n_train = e_count - max(1, round(e_count * tr.held_out))
+    if n_train <= 0:
+        raise ValueError(f"{e_count} episode(s): none left to train the gate on beside the held-out one")
+    gate = KeyGate(gate_cfg)
+    opt = torch.optim.AdamW(gate.parameters(), lr=tr.lr, weight_decay=0.01)
+    bar = tqdm(range(tr.steps), desc="key gate", disable=not progress, file=sys.stderr)
+    loss_val = float("nan")
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = tr.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / max(1, tr.steps - 1))))
+        e = torch.randint(0, n_train, (tr.batch,), generator=gen)
+        t = torch.randint(0, n_frames, (tr.batch,), generator=gen)
+        moved = torch.rand(tr.batch, generator=gen) < 0.5
+        offsets = torch.randint(-tr.jitter, tr.jitter + 1, (tr.batch, 2), generator=gen) * moved[:, None]
+        z = jitter_player(latents[e, t].float(), sprite, offsets.float())
+        z = z + tr.noise * torch.randn(z.shape, generator=gen)
+        labels = free_walk(walls, e, centres[e, t] + offsets / config.scale, gate_cfg.horizon, config)
+        loss = F.cross_entropy(gate(z).flatten(0, 1), labels.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss_val = loss.item()
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{loss_val:.4f}")
+    gate.eval()
+    held = torch.arange(n_train, e_count)
+    labels = free_walk(
+        walls, held.repeat_interleave(n_frames), centres[held].flatten(0, 1), gate_cfg.horizon, config
+    )
+    metrics = gate_accuracy(gate, latents[held].flatten(0, 1), labels)
+    return gate, {"final_loss": loss_val, **metrics}
+
+
+@torch.no_grad()
+def gate_accuracy(gate: KeyGate, latents: torch.Tensor, labels: torch.Tensor) -> dict:
+    """Accuracy of `gate` on latent frames (n, C, h, w) against their labels (n, moves)."""
+    pred = torch.cat([gate.free_frames(latents[i : i + 1024].float()) for i in range(0, len(latents), 1024)])
+    right = pred == labels
+    blocked = labels < gate.cfg.horizon
+    return {
+        "pairs": int(labels.numel()),
+        "accuracy": right.float().mean().item(),
+        "blocked_pairs": int(blocked.sum()),
+        "blocked_accuracy": right[blocked].float().mean().item() if blocked.any() else float("nan"),
+        "frame_accuracy": right.all(1).float().mean().item(),
+    }
+
+
+def own_anchor_latents(ae: FastAutoencoder, wide: torch.Tensor, cameras: torch.Tensor) -> torch.Tensor:
+    """Every frame of episodes encoded wide (`encode_wide`: (E, N+1, C-4, g+2, g+2)) as normalised
+    latents (E, N+1, C, g, g) on its own anchor, from the cameras (E, N+1, 2) frame px."""
+    s = ae.cfg.spatial
+    q = torch.from_numpy(np.rint(cameras.numpy()).astype(np.int64) % s).reshape(-1, 2)
+    flat = wide.flatten(0, 1)
+    out = [
+        ae.at_anchor(
+            flat[i : i + 4096].float(),
+            q[i : i + 4096],
+            torch.zeros(len(q[i : i + 4096]), 2, dtype=torch.long),
+        )
+        for i in range(0, len(flat), 4096)
+    ]
+    return torch.cat(out).half().view(*wide.shape[:2], *out[0].shape[1:])
+
+
+@torch.no_grad()
+def canonical_latents(ae: FastAutoencoder, latents: torch.Tensor, batch: int = 4096) -> torch.Tensor:
+    """Latents (E, N+1, C, h, w) in the served history's form (`canonical`, per frame)."""
+    flat = latents.flatten(0, 1)
+    out = torch.empty_like(flat)
+    for i in range(0, flat.shape[0], batch):
+        z = flat[i : i + batch].float()[:, :, None]  # (B, C, 1, h, w)
+        out[i : i + batch] = ae.canonical(z)[:, :, 0].to(flat.dtype)
+    return out.view_as(latents)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m models.tiny_world.gate", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--model", type=Path, required=True, help="tiny-world model directory")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="write a copy with the gate here (default: in place)"
+    )
+    parser.add_argument(
+        "--work", type=Path, default=None, help="scratch directory (latents; default: beside the output)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the training data and the gate (default 0)"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # before torch starts its workers: see models.tiny_world.train.main
+    try:
+        return add_gate(args.model, args.out, args.work, args.seed, progress=not args.no_progress)
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def add_gate(model: Path, out: Path | None, work: Path | None, seed: int, progress: bool) -> int:
+    """`main`: train a gate for `model` and write it there or into a copy at `out`. The episodes'
+    latents live in `work` (kept, for another run to reuse) or in a scratch directory beside the
+    output (removed)."""
+    from models.registry import save_gate
+    from models.tiny_world.train import TrainConfig, Trainer  # imports this module
+
+    target = out or model
+    if out is not None:
+        if out.exists():
+            raise SystemExit(f"{out} exists")
+        shutil.copytree(model, out)
+    scratch = work or target.parent / f".gate-{target.name}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        trainer = Trainer(TrainConfig(seed=seed), scratch, None, progress=progress)
+        trainer.init_from(model)
+        trainer.train_gate()
+        save_gate(trainer.gate, target)
+        record = json.loads(trainer.log_path.read_text().splitlines()[-1])
+    finally:
+        if work is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    print(json.dumps(record, indent=2))
+    print(f"key gate written to {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

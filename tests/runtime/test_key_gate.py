@@ -1,0 +1,71 @@
+"""A world's key gate in the chunk loop: a key it finds blocked reaches the DiT as not held, the
+client's actions are logged as sent, and a gate that finds nothing blocked changes nothing."""
+
+from __future__ import annotations
+
+import torch
+
+from models.causal_wan import MarkerConfig
+from models.key_gate import KeyGate, KeyGateConfig
+from models.world import Conditioning, World
+from runtime.engine import Engine
+from tests.runtime.conftest import close_frames, committed, keys, small_world
+
+MOVES = (("d", 0, 1), ("a", 0, -1), ("s", 1, 1), ("w", 1, -1))
+
+
+def fixed_gate(room: int) -> KeyGate:
+    """A gate that gives every key `room` frames of motion, whatever the frame shows."""
+    marker = MarkerConfig(phase=0, place=4, mean=(0.0,) * 6, std=(1.0,) * 6, spatial=4, frame_size=32)
+    cfg = KeyGateConfig(
+        keys=("w", "a", "s", "d", "space"),
+        moves=MOVES,
+        in_channels=8,
+        marker=marker,
+        horizon=2,
+        width=8,
+        layers=1,
+    )
+    gate = KeyGate(cfg)
+    with torch.no_grad():
+        gate.out.weight.zero_()
+        gate.out.bias.copy_(torch.nn.functional.one_hot(torch.tensor([room] * 4), 3).flatten().float())
+    return gate
+
+
+def keyed_world(name: str) -> World:
+    """The small image-started world with its keys made to matter: tiny-random's random action
+    module moves the frames by about one level, too little to tell a key from none."""
+    world = small_world(image_start=True, name=name)
+    with torch.no_grad():
+        for block in (b for b in world.transformer.blocks if b.action is not None):
+            block.action.key_held.mul_(300.0)
+            block.action.key_out.weight.mul_(10.0)
+    return world
+
+
+def play(world: World, *chunks: str) -> tuple[list, list]:
+    """An image-started stream (seed 5) playing one held key set per chunk: its frames and log."""
+    engine = Engine({"m": world})
+    engine.add_stream("s", "m", Conditioning(seed=5))
+    frames = [committed(engine, "s", keys(*held) if held else None).frames for held in chunks]
+    return frames, list(engine.runner.streams["s"].action_log)
+
+
+def test_a_blocked_key_plays_as_idle_and_is_logged_as_sent():
+    gated = keyed_world("gated")
+    gated.set_gate(fixed_gate(room=0))
+    walked, log = play(gated, "d", "d")
+    idle, _ = play(keyed_world("plain"), "", "")
+    assert all(close_frames(a, b) for a, b in zip(walked, idle, strict=True))
+    assert all(a.keys == frozenset("d") for chunk in log for a in chunk)
+
+
+def test_a_key_with_room_plays_as_without_a_gate():
+    gated = keyed_world("gated")
+    gated.set_gate(fixed_gate(room=2))
+    with_gate, _ = play(gated, "d", "a")
+    without, _ = play(keyed_world("plain"), "d", "a")
+    idle, _ = play(keyed_world("plain"), "", "")
+    assert all(close_frames(a, b) for a, b in zip(with_gate, without, strict=True))
+    assert not any(close_frames(a, b) for a, b in zip(with_gate, idle, strict=True))  # keys matter here
