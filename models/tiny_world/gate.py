@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -173,23 +172,6 @@ def gate_accuracy(gate: KeyGate, latents: torch.Tensor, labels: torch.Tensor) ->
         "blocked_accuracy": right[blocked].float().mean().item() if blocked.any() else float("nan"),
         "frame_accuracy": right.all(1).float().mean().item(),
     }
-
-
-def own_anchor_latents(ae: FastAutoencoder, wide: torch.Tensor, cameras: torch.Tensor) -> torch.Tensor:
-    """Every frame of episodes encoded wide (`encode_wide`: (E, N+1, C-4, g+2, g+2)) as normalised
-    latents (E, N+1, C, g, g) on its own anchor, from the cameras (E, N+1, 2) frame px."""
-    s = ae.cfg.spatial
-    q = torch.from_numpy(np.rint(cameras.numpy()).astype(np.int64) % s).reshape(-1, 2)
-    flat = wide.flatten(0, 1)
-    out = [
-        ae.at_anchor(
-            flat[i : i + 4096].float(),
-            q[i : i + 4096],
-            torch.zeros(len(q[i : i + 4096]), 2, dtype=torch.long),
-        )
-        for i in range(0, len(flat), 4096)
-    ]
-    return torch.cat(out).half().view(*wide.shape[:2], *out[0].shape[1:])
 
 
 @torch.no_grad()

@@ -125,7 +125,6 @@ from models.tiny_world.gate import (
     GateTraining,
     canonical_latents,
     gate_config,
-    own_anchor_latents,
     train_gate,
     world_centres,
     world_walls,
@@ -609,8 +608,9 @@ def release_blocked(actions: torch.Tensor, cameras: torch.Tensor, players: torch
     """Action rows (E, N+1, width) with every movement key released in the steps where it is held
     and blocked (`key_blocked`): what the DiT of a world with a key gate is given."""
     out = actions.clone()
+    blocked = key_blocked(actions, cameras, players)
     for k, (key, _, _) in enumerate(KEY_AXES):
-        out[:, 1:, KEYS.index(key)] *= (~key_blocked(actions, cameras, players)[k]).to(out.dtype)
+        out[:, 1:, KEYS.index(key)] *= (~blocked[k]).to(out.dtype)
     return out
 
 
@@ -1540,7 +1540,16 @@ class Trainer:
                 "the key gate needs tile-aligned latents with a sprite layer, cameras and players"
             )
         t0 = time.monotonic()
-        z = canonical_latents(self.ae, own_anchor_latents(self.ae, lat, cams))
+        q = self.frame_offsets(cams.numpy()).view(*cams.shape[:2], 2)
+        own = torch.cat(  # every frame on its own anchor, 32 episodes at a time
+            [
+                on_anchors(self.ae, lat[i : i + 32].float(), q[i : i + 32], torch.zeros_like(q[i : i + 32]))
+                .transpose(1, 2)
+                .half()
+                for i in range(0, len(lat), 32)
+            ]
+        )
+        z = canonical_latents(self.ae, own)
         game = GameConfig(size=SIZE)
         walls = world_walls(range(c.world_seed_base, c.world_seed_base + lat.shape[0]), game)
         tr = GateTraining(steps=c.gate_steps, jitter=c.gate_jitter, seed=c.seed)
