@@ -10,6 +10,16 @@ longer move into "not held" (`KeyGate.gate`), so the DiT draws a blocked player 
 idle one, which is what the game shows. The gate is part of the model (trained from the game's
 recorded episodes, shipped beside the DiT in DIR/gate/); the client's actions are untouched.
 
+With `view` on, a second head predicts, per movement key, for how many of those frames the view
+still scrolls with the player before the camera stops at the world's edge, and the gate plans
+the chunk's motion (`KeyGate.plan`): frame by frame, a moving player scrolls the view while it
+stands at the view's centre and the camera has room, and otherwise walks across the view (the
+game's clamped camera). The world pins the view's phase and the player's place of every
+generated frame to that plan (`World.pin`), so the DiT draws the terrain and the creatures of a
+world whose view and player move by the game's rule: the sampler no longer redraws them from
+noise every chunk, where a few tenths of a pixel of bias a chunk walked an idle view and pulled
+an off-centre player to the centre (issue 11, model card row BJ).
+
 Input: the latent frame plus the sprite marker (`models.causal_wan.sprite_marker`: where the
 player is relative to each cell), a few 3x3 convolutions, a softmax-weighted pool over cells (so
 the head can look next to the player wherever it stands), and one linear layer to
@@ -19,6 +29,7 @@ the head can look next to the player wherever it stands), and one linear layer t
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -39,6 +50,8 @@ class KeyGateConfig:
     horizon: int = 4  # frames one prediction covers (a chunk)
     width: int = 48  # convolution channels
     layers: int = 4  # 3x3 convolutions
+    view: bool = False  # also the view head and the motion plan (`plan`)
+    step: int = 1  # view pixels a frame of motion moves (the game's speed)
 
     def __post_init__(self) -> None:
         unknown = [k for k, _, _ in self.moves if k not in self.keys]
@@ -46,6 +59,8 @@ class KeyGateConfig:
             raise ValueError(f"gate moves {unknown} are not action keys {list(self.keys)}")
         if self.horizon < 1 or self.layers < 1:
             raise ValueError("a key gate needs horizon >= 1 and layers >= 1")
+        if self.step < 1:
+            raise ValueError(f"a key gate's step is at least one pixel, not {self.step}")
 
     def to_dict(self) -> dict:
         """JSON-ready (worldserve.json "gate")."""
@@ -64,7 +79,8 @@ class KeyGateConfig:
 
 
 class KeyGate(nn.Module):
-    """Latent frames (B, C, h, w) -> per movement key, logits over 0..horizon frames of motion."""
+    """Latent frames (B, C, h, w) -> per movement key, logits over 0..horizon frames of motion
+    (and, with `view`, over 0..horizon frames the view scrolls)."""
 
     def __init__(self, cfg: KeyGateConfig) -> None:
         super().__init__()
@@ -73,21 +89,59 @@ class KeyGate(nn.Module):
         self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, padding=1) for a, b in itertools.pairwise(chans))
         self.score = nn.Conv2d(cfg.width, 1, 1)  # where to look: learned from the marker, per cell
         self.out = nn.Linear(cfg.width, len(cfg.moves) * (cfg.horizon + 1))
+        if cfg.view:  # its own pool: the world's edge is at the view's border, not next to the player
+            self.view_score = nn.Conv2d(cfg.width, 1, 1)
+            self.view_out = nn.Linear(cfg.width, len(cfg.moves) * (cfg.horizon + 1))
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        """z (B, C, h, w) normalised latents -> logits (B, moves, horizon + 1)."""
+    def _features(self, z: torch.Tensor) -> torch.Tensor:
         marker = sprite_marker(z[:, :, None], self.cfg.marker)[:, :, 0]
         x = torch.cat([z, marker], dim=1)
         for conv in self.convs:
             x = F.silu(conv(x))
-        w = torch.softmax(self.score(x).flatten(1), dim=1)  # (B, h*w)
+        return x
+
+    def _head(self, x: torch.Tensor, score: nn.Module, out: nn.Module) -> torch.Tensor:
+        w = torch.softmax(score(x).flatten(1), dim=1)  # (B, h*w)
         pooled = torch.einsum("bcn,bn->bc", x.flatten(2), w)
-        return self.out(pooled).view(z.shape[0], len(self.cfg.moves), self.cfg.horizon + 1)
+        return out(pooled).view(x.shape[0], len(self.cfg.moves), self.cfg.horizon + 1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """z (B, C, h, w) normalised latents -> logits (B, moves, horizon + 1) of the player's motion."""
+        return self._head(self._features(z), self.score, self.out)
+
+    def heads(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """z (B, C, h, w) -> the motion logits and the view's (None without `view`), one pass."""
+        x = self._features(z)
+        view = self._head(x, self.view_score, self.view_out) if self.cfg.view else None
+        return self._head(x, self.score, self.out), view
 
     @torch.no_grad()
     def free_frames(self, z: torch.Tensor) -> torch.Tensor:
         """z (B, C, h, w) -> (B, moves) int64: frames of motion each key held alone would give."""
         return self(z).argmax(dim=-1)
+
+    @torch.no_grad()
+    def rooms(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """z (B, C, h, w) -> (B, moves) int64 frames of motion per key (`free_frames`) and, with
+        `view`, (B, moves) frames the view still scrolls per key; one pass."""
+        free, view = self.heads(z)
+        return free.argmax(dim=-1), None if view is None else view.argmax(dim=-1)
+
+    def _axes(self) -> list[tuple[int, int, int]]:
+        """(axis, index of its + key in `moves`, of its - key) per axis of motion."""
+        out = []
+        for axis in sorted({a for _, a, _ in self.cfg.moves}):
+            plus = [i for i, (_, a, s) in enumerate(self.cfg.moves) if a == axis and s > 0]
+            minus = [i for i, (_, a, s) in enumerate(self.cfg.moves) if a == axis and s < 0]
+            if len(plus) != 1 or len(minus) != 1:
+                raise ValueError(f"axis {axis} needs one key each way, got {plus} and {minus}")
+            out.append((axis, plus[0], minus[0]))
+        return out
+
+    def _net(self, actions: torch.Tensor, i_plus: int, i_minus: int) -> torch.Tensor:
+        """(B, n) int64: per frame, +1 / -1 / 0 as the axis' net held key (opposite keys cancel)."""
+        held = [actions[..., self.cfg.keys.index(self.cfg.moves[i][0])] > 0.5 for i in (i_plus, i_minus)]
+        return held[0].flatten(2).any(2).long() - held[1].flatten(2).any(2).long()
 
     @torch.no_grad()
     def gate(self, actions: torch.Tensor, free: torch.Tensor) -> torch.Tensor:
@@ -98,17 +152,12 @@ class KeyGate(nn.Module):
         still has room; a key with none left is released for that frame."""
         out = actions.clone()
         cols = {k: self.cfg.keys.index(k) for k, _, _ in self.cfg.moves}
-        for axis in sorted({a for _, a, _ in self.cfg.moves}):
-            plus = [(i, k) for i, (k, a, s) in enumerate(self.cfg.moves) if a == axis and s > 0]
-            minus = [(i, k) for i, (k, a, s) in enumerate(self.cfg.moves) if a == axis and s < 0]
-            if len(plus) != 1 or len(minus) != 1:
-                raise ValueError(f"axis {axis} needs one key each way, got {plus} and {minus}")
-            (ip, kp), (im, km) = plus[0], minus[0]
-            held_p = actions[..., cols[kp]] > 0.5  # (B, n, ...)
-            held_m = actions[..., cols[km]] > 0.5
+        for _, ip, im in self._axes():
+            kp, km = self.cfg.moves[ip][0], self.cfg.moves[im][0]
+            net_all = self._net(actions, ip, im)  # (B, n)
             offset = torch.zeros_like(free[:, 0])  # (B,) frames moved along this axis so far
             for f in range(actions.shape[1]):
-                net = held_p[:, f].flatten(1).any(1).long() - held_m[:, f].flatten(1).any(1).long()
+                net = net_all[:, f]
                 room = torch.where(net > 0, free[:, ip] - offset, free[:, im] + offset)
                 stop = (net != 0) & (room <= 0)
                 # Masks, not indexing: no device sync inside the chunk loop.
@@ -117,3 +166,67 @@ class KeyGate(nn.Module):
                     out[:, f, ..., col] *= keep.view(-1, *[1] * (out.dim() - 3)).to(out.dtype)
                 offset = offset + torch.where(stop, 0, net)
         return out
+
+    @torch.no_grad()
+    def plan(self, actions: torch.Tensor, scroll: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The chunk's motion as pinned latents: (B, 6, n) normalised values of the marker's
+        channels (the view's 4 phase channels, then the player's 2 place channels; `pinned`) for
+        each of the chunk's n frames, from gated action rows (B, n, ..., width) (`gate`: a held
+        key moves the player one step), `scroll` (B, moves) frames the view still scrolls per key
+        (`rooms`) and the latest latent frame z (B, C, h, w).
+
+        Per axis and frame, a moving player scrolls the view (its phase moves by `step` px) while
+        it stands at the view's centre and the camera has room that way; otherwise, as where
+        the game's camera stops at the world's edge, the player walks across the view (its place
+        moves by `step` px) and the view stands."""
+        mk, s = self.cfg.marker, self.cfg.marker.spatial
+        phase, place = read_motion(z[:, list(pinned(mk))].float().mean(dim=(2, 3)), mk)  # (B, 2) each
+        n, h = actions.shape[1], self.cfg.horizon
+        phases = phase[:, :, None].repeat(1, 1, n)  # (B, 2, n)
+        places = place[:, :, None].repeat(1, 1, n)
+        for axis, ip, im in self._axes():
+            net_all = self._net(actions, ip, im)
+            room_p, room_m = scroll[:, ip].clone(), scroll[:, im].clone()
+            view, own = phase[:, axis].clone(), place[:, axis].clone()
+            for f in range(n):
+                net = net_all[:, f]
+                room = torch.where(net > 0, room_p, room_m)
+                scrolls = (net != 0) & (own == 0) & (room > 0)
+                walks = (net != 0) & ~scrolls
+                view = view + torch.where(scrolls, net, 0) * self.cfg.step
+                own = own + torch.where(walks, net, 0) * self.cfg.step
+                way = torch.where(scrolls, net, 0)
+                room_p = (room_p - way).clamp(0, h)
+                room_m = (room_m + way).clamp(0, h)
+                phases[:, axis, f], places[:, axis, f] = view, own
+        ang = phases * (math.pi / s)
+        cos_sin = [ang[:, 0].cos(), ang[:, 0].sin(), ang[:, 1].cos(), ang[:, 1].sin()]
+        raw = torch.stack([*cos_sin, *(places / mk.scale).unbind(1)], dim=1)  # (B, 6, n)
+        mean, std = _stats(mk, z.device)
+        return (raw - mean[:, None]) / std[:, None]
+
+
+def _stats(marker: MarkerConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.tensor(marker.mean, dtype=torch.float32, device=device),
+        torch.tensor(marker.std, dtype=torch.float32, device=device),
+    )
+
+
+def read_motion(values: torch.Tensor, marker: MarkerConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalised values (B, 6, ...) of the `pinned` channels -> the view's phase on its canvas
+    (B, 2, ...) in whole px in [-s/2, 3s/2) and the player's offset from the view's centre
+    (B, 2, ...) in whole px (x then y, both)."""
+    mean, std = _stats(marker, values.device)
+    shape = (1, 6) + (1,) * (values.dim() - 2)
+    raw = values.float() * std.view(shape) + mean.view(shape)
+    s = marker.spatial
+    phase = torch.atan2(raw[:, 1:4:2], raw[:, 0:4:2]) * (s / math.pi)  # in (-s, s]
+    phase = torch.round(torch.where(phase < -s / 2, phase + 2 * s, phase))
+    return phase, torch.round(raw[:, 4:6] * marker.scale)
+
+
+def pinned(marker: MarkerConfig) -> tuple[int, ...]:
+    """The latent channels `KeyGate.plan` pins: the view's 4 phase channels, the player's 2 place
+    channels (the marker's order)."""
+    return (*range(marker.phase, marker.phase + 4), marker.place, marker.place + 1)

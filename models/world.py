@@ -8,8 +8,10 @@
 * `canonical(x0)`: a generated chunk in the form it is shown and kept as history (the decoder's);
 * `carry(noise, last)`: the sampler's noise with the config's `carry_channels` set to each
   session's latest latent frame (worlds trained to start those channels there);
-* `gate_actions(actions, last)`: a chunk's action rows with the movement keys its learned key
-  gate (`models.key_gate`) finds blocked from each session's latest latent frame released;
+* `steer(actions, last)`: a chunk's action rows with the movement keys its learned key gate
+  (`models.key_gate`) finds blocked from each session's latest latent frame released, and, for a
+  gate that plans motion, the chunk's `Pins`: the latent channels its frames are known to hold
+  (the view's phase, the player's place), which `pin` writes into every clean estimate;
 * `context(x0, index, actions)`: the clean pass that leaves the chunk's K/V in scratch;
 * `decode(latents, state)` -> frames and a *new* decoder cache (the old one is untouched).
 
@@ -34,9 +36,9 @@ import torch
 from models.actions import ActionSpace, FrameLayout
 from models.causal_wan import CausalWan
 from models.i2v import ImageConditioner
-from models.key_gate import KeyGate
+from models.key_gate import KeyGate, pinned
 from models.kv_pool import ChunkIndex
-from models.sampler import FlowSchedule, add_noise, carry
+from models.sampler import FlowSchedule, add_noise, carry, pin
 from models.vae import DecoderCache, StreamingDecoder, decode_batch
 
 
@@ -133,6 +135,17 @@ class WorldState:
     last_latent: torch.Tensor | None = None
 
 
+@dataclass
+class Pins:
+    """Latent channels a chunk's frames are known to hold before it is sampled (`World.steer`):
+    the sampler writes them into every clean estimate (`World.pin`), so the DiT draws the rest of
+    the frame around them."""
+
+    channels: tuple[int, ...]
+    values: torch.Tensor  # (B, len(channels), n) normalised, the same in every cell of a frame
+    rows: torch.Tensor  # (B,) bool: the entries that have a plan (others keep their own estimate)
+
+
 class PromptSource(Protocol):
     """Prompt text -> (L, text_dim) embeddings (models/prompts.py: precomputed files)."""
 
@@ -206,7 +219,7 @@ class World:
             self.set_gate(gate)
 
     def set_gate(self, gate: KeyGate) -> None:
-        """Give the world a key gate (`gate_actions`), on its device and dtype."""
+        """Give the world a key gate (`steer`), on its device and dtype."""
         keys = tuple(self.action_space.keys)
         if tuple(gate.cfg.keys) != keys:
             raise ValueError(f"key gate reads keys {list(gate.cfg.keys)}, the world's are {list(keys)}")
@@ -221,7 +234,7 @@ class World:
     @property
     def keeps_last(self) -> bool:
         """Whether sessions keep their latest latent frame (`WorldState.last_latent`): read by
-        `carry` and `gate_actions`."""
+        `carry` and `steer`."""
         return bool(self.config.carry_channels) or self.gate is not None
 
     @property
@@ -534,20 +547,37 @@ class World:
         return noise
 
     @torch.no_grad()
-    def gate_actions(
+    def steer(
         self, actions: torch.Tensor | None, last: Sequence[torch.Tensor | None]
-    ) -> torch.Tensor | None:
+    ) -> tuple[torch.Tensor | None, Pins | None]:
         """A chunk's action rows (B, n, ..., width) with each movement key released in the frames
         the world's key gate finds it blocked from entry i's latest latent frame `last[i]`
-        (C, 1, h, w); entries past `last` or whose `last` is None (padding, nothing committed)
-        and worlds without a gate keep theirs."""
+        (C, 1, h, w) (`KeyGate.gate`), and, where the gate plans motion (`KeyGateConfig.view`),
+        the chunk's `Pins` (`KeyGate.plan`). Entries past `last` or whose `last` is None
+        (padding, nothing committed) keep their actions and have no plan; worlds without a gate
+        keep theirs and pin nothing."""
         rows = [i for i, z in enumerate(last) if z is not None]
         if self.gate is None or actions is None or not rows:
-            return actions
+            return actions, None
         z = torch.stack([last[i][:, -1] for i in rows]).to(self.device, self.dtype)  # (k, C, h, w)
+        free, scroll = self.gate.rooms(z)
+        gated = self.gate.gate(actions[rows], free)
         out = actions.clone()
-        out[rows] = self.gate.gate(actions[rows], self.gate.free_frames(z)).to(actions.dtype)
-        return out
+        out[rows] = gated.to(actions.dtype)
+        if scroll is None:
+            return out, None
+        plan = self.gate.plan(gated, scroll, z)  # (k, 6, n)
+        values = plan.new_zeros(actions.shape[0], *plan.shape[1:])
+        values[rows] = plan
+        mask = torch.zeros(actions.shape[0], dtype=torch.bool)
+        mask[rows] = True
+        return out, Pins(pinned(self.gate.cfg.marker), values.to(self.dtype), mask.to(self.device))
+
+    @staticmethod
+    def pin(x: torch.Tensor, pins: Pins | None) -> torch.Tensor:
+        """Latents (B, C, n, h, w) with `pins`' channels set to their values in the entries that
+        have a plan (in place; returned; `models.sampler.pin`)."""
+        return x if pins is None else pin(x, pins.channels, pins.values, pins.rows)
 
     @torch.no_grad()
     def context(

@@ -179,8 +179,9 @@ class Batch:
         self.clock = StageClock(world.device)
         self.index = self._index()
         self.last = self._last()
-        # Keys the world's walls block are released before the DiT sees them (`World.gate_actions`).
-        self.actions = world.gate_actions(self._actions(), self.last)
+        # Keys the world's walls block are released before the DiT sees them, and a world that
+        # plans its motion pins what it knows of the chunk's frames (`World.steer`).
+        self.actions, self.pins = world.steer(self._actions(), self.last)
         self.x0 = torch.empty(0)  # the clean estimate, set by denoise
         self.finite = torch.empty(0)  # (size,) bool: x0 is finite, read with the frames
         self.caches: list = []  # decoder caches of the live entries, set by decode
@@ -213,7 +214,7 @@ class Batch:
         return acts.to(w.device, non_blocking=True)
 
     def _last(self) -> list[torch.Tensor | None]:
-        """Each entry's latest latent frame for `World.carry` and `World.gate_actions`: that of the
+        """Each entry's latest latent frame for `World.carry` and `World.steer`: that of the
         chunk it runs on top of (pipelined), else its stream's committed one; empty for worlds
         that read none (`World.keeps_last`)."""
         if not self.world.keeps_last:
@@ -296,7 +297,7 @@ class Batch:
             ]
             with _injected_fault(w, armed[0] if armed and k == 0 else None):
                 pred = w.denoise(x, tk, self.index, self.actions)
-            self.x0 = sched.to_x0(pred, x, sg)
+            self.x0 = w.pin(sched.to_x0(pred, x, sg), self.pins)
             if k + 1 < len(steps):
                 x = sched.next_x(self.x0, x, sg, sigmas[k + 1], lambda k=k: self._noise(k + 1))
         # Read on the host with the frames (no sync here): a chunk whose latents are not finite

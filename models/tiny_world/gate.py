@@ -7,7 +7,8 @@ encoded with DIR's own autoencoder) as the training run's `gate` stage does (`Tr
 `TrainConfig`'s gate settings) and writes DIR (or a copy, DIR2) with DIR/gate/ added: about 10
 minutes on 2 CPU cores. The labels are the game's rule on each world's map (`free_walk`): from
 every recorded frame, how many of the next `horizon` frames holding each movement key still
-moves the player.
+moves the player, and how many of those the view still scrolls before the camera stops at the
+world's edge (`camera_room`, for the gate's motion plan).
 """
 
 from __future__ import annotations
@@ -27,21 +28,40 @@ from tqdm import tqdm
 
 from models.fast_decoder import SPRITE_SCALE, FastAutoencoder
 from models.game import GameConfig, generate_world
-from models.key_gate import KeyGate, KeyGateConfig
+from models.key_gate import KeyGate, KeyGateConfig, pinned, read_motion
 from models.tiny_world import marker_config
 from models.tiny_world.data import KEYS
 from models.tiny_world.metrics import KEY_AXES
 
 
-def gate_config(ae: FastAutoencoder, horizon: int = 4) -> KeyGateConfig:
-    """The gate of a tile-aligned, sprite-layered, normalised tiny-world autoencoder."""
+def gate_config(ae: FastAutoencoder, horizon: int = 4, view: bool = True) -> KeyGateConfig:
+    """The gate of a tile-aligned, sprite-layered, normalised tiny-world autoencoder (`view`: with
+    the view head and the motion plan; the game's player moves one pixel a frame)."""
+    step = GameConfig().player_speed * GameConfig(size=ae.cfg.frame_size).scale
+    if step != int(step):
+        raise ValueError(f"the motion plan moves whole pixels, the game's player {step} a frame")
     return KeyGateConfig(
         keys=tuple(KEYS),
         moves=tuple(KEY_AXES),
         in_channels=ae.cfg.latent_channels,
         marker=marker_config(ae.cfg),
         horizon=horizon,
+        view=view,
+        step=int(step),
     )
+
+
+def camera_room(cameras: torch.Tensor, horizon: int, config: GameConfig) -> torch.Tensor:
+    """(n, 4) int64: per movement key (`KEY_AXES` order), for how many of `horizon` frames the
+    camera at `cameras` (n, 2) (the view's top-left corner, frame px) can still follow a player
+    walking that way before it stops at the world's edge (`Game.camera`'s clamp)."""
+    px = config.scale * config.player_speed
+    top = config.world_tiles * config.tile * config.scale - config.size  # the camera's last place
+    out = []
+    for _, axis, sign in KEY_AXES:
+        left = top - cameras[:, axis] if sign > 0 else cameras[:, axis]
+        out.append(torch.div(left.double() + 1e-6, px, rounding_mode="floor").long().clamp(0, horizon))
+    return torch.stack(out, dim=1)
 
 
 def free_walk(
@@ -116,13 +136,20 @@ def train_gate(
     tr: GateTraining,
     config: GameConfig,
     progress: bool = True,
+    cameras: torch.Tensor | None = None,
+    actions: torch.Tensor | None = None,
 ) -> tuple[KeyGate, dict]:
     """Train a gate on latents (E, N+1, C, h, w) (canonical, normalised) of episodes on the maps
     `walls` (E, T, T) with the player's world centres `centres` (E, N+1, 2); `sprite` is the
     latents' first sprite-centre channel. Half the frames see the player moved by up to
     `tr.jitter` px (`jitter_player`), labelled from where it is drawn (`free_walk`): a generated
-    frame may show it anywhere, also overlapping a wall. The last `held_out` share of the
-    episodes is not trained on; returns the gate and its accuracy there (`gate_accuracy`)."""
+    frame may show it anywhere, also overlapping a wall. A gate with `view` also learns the
+    camera's room (`camera_room` of `cameras` (E, N+1, 2), frame px) and is scored on how
+    exactly its motion plan follows the episodes' `actions` (E, N+1, width) (`plan_accuracy`).
+    The last `held_out` share of the episodes is not trained on; returns the gate and its
+    accuracy there (`gate_accuracy`)."""
+    if gate_cfg.view and (cameras is None or actions is None):
+        raise ValueError("a gate with a view head needs the episodes' cameras and actions")
     torch.manual_seed(tr.seed)
     gen = torch.Generator().manual_seed(tr.seed + 1)
     e_count, n_frames = latents.shape[:2]
@@ -143,7 +170,11 @@ def train_gate(
         z = jitter_player(latents[e, t].float(), sprite, offsets.float())
         z = z + tr.noise * torch.randn(z.shape, generator=gen)
         labels = free_walk(walls, e, centres[e, t] + offsets / config.scale, gate_cfg.horizon, config)
-        loss = F.cross_entropy(gate(z).flatten(0, 1), labels.flatten())
+        free, view = gate.heads(z)
+        loss = F.cross_entropy(free.flatten(0, 1), labels.flatten())
+        if view is not None:
+            room = camera_room(cameras[e, t], gate_cfg.horizon, config)
+            loss = loss + F.cross_entropy(view.flatten(0, 1), room.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -156,6 +187,10 @@ def train_gate(
         walls, held.repeat_interleave(n_frames), centres[held].flatten(0, 1), gate_cfg.horizon, config
     )
     metrics = gate_accuracy(gate, latents[held].flatten(0, 1), labels)
+    if gate_cfg.view:
+        rooms = camera_room(cameras[held].flatten(0, 1), gate_cfg.horizon, config)
+        metrics |= view_accuracy(gate, latents[held].flatten(0, 1), rooms)
+        metrics |= plan_accuracy(gate, latents[held], actions[held], cameras[held], centres[held], config)
     return gate, {"final_loss": loss_val, **metrics}
 
 
@@ -171,6 +206,59 @@ def gate_accuracy(gate: KeyGate, latents: torch.Tensor, labels: torch.Tensor) ->
         "blocked_pairs": int(blocked.sum()),
         "blocked_accuracy": right[blocked].float().mean().item() if blocked.any() else float("nan"),
         "frame_accuracy": right.all(1).float().mean().item(),
+    }
+
+
+@torch.no_grad()
+def view_accuracy(gate: KeyGate, latents: torch.Tensor, rooms: torch.Tensor) -> dict:
+    """Accuracy of a view-headed `gate`'s camera room on latent frames (n, C, h, w) against
+    `camera_room` labels (n, moves), overall and where the camera is near the world's edge."""
+    pred = torch.cat([gate.rooms(latents[i : i + 1024].float())[1] for i in range(0, len(latents), 1024)])
+    right = pred == rooms
+    edge = rooms < gate.cfg.horizon
+    return {
+        "view_accuracy": right.float().mean().item(),
+        "view_edge_pairs": int(edge.sum()),
+        "view_edge_accuracy": right[edge].float().mean().item() if edge.any() else float("nan"),
+    }
+
+
+@torch.no_grad()
+def plan_accuracy(
+    gate: KeyGate,
+    latents: torch.Tensor,
+    actions: torch.Tensor,
+    cameras: torch.Tensor,
+    centres: torch.Tensor,
+    config: GameConfig,
+) -> dict:
+    """How exactly the gate's whole chunk plan (`rooms`, `gate`, `plan`) follows episodes
+    (latents (E, N+1, C, h, w), action rows (E, N+1, width), cameras (E, N+1, 2) frame px, the
+    player's world centres (E, N+1, 2)): from every chunk start t, the share of the next
+    `horizon` frames whose planned view offset and player place are the game's, on both axes,
+    overall and in frames where the game's player stands off the view's centre."""
+    n = gate.cfg.horizon
+    n_frames = latents.shape[1]
+    starts = torch.arange(0, n_frames - n, n)
+    z = latents[:, starts].flatten(0, 1).float()  # (E*S, C, h, w)
+    idx = starts[:, None] + torch.arange(1, n + 1)  # (S, n)
+    acts = actions[:, idx].flatten(0, 1)[:, :, None]  # (E*S, n, 1, width)
+    free, scroll = gate.rooms(z)
+    pins = gate.plan(gate.gate(acts, free), scroll, z)  # (E*S, 6, n)
+    phase, place = read_motion(pins, gate.cfg.marker)  # (E*S, 2, n)
+    phase0, _ = read_motion(z[:, list(pinned(gate.cfg.marker))].mean(dim=(2, 3)), gate.cfg.marker)
+    cams = cameras[:, idx].flatten(0, 1).transpose(1, 2)  # (E*S, 2, n)
+    cam0 = cameras[:, starts].flatten(0, 1)[:, :, None]
+    screen = centres[:, idx].flatten(0, 1).transpose(1, 2) * config.scale - cams  # player's centre, px
+    view_ok = ((phase - phase0[:, :, None]) == (cams - cam0).round()).all(1)
+    place_ok = (place == (screen - config.size / 2).round()).all(1)
+    ok = view_ok & place_ok
+    off = ((screen - config.size / 2).abs() >= 0.5).any(1)
+    return {
+        "plan_frames": int(ok.numel()),
+        "plan_accuracy": ok.float().mean().item(),
+        "plan_off_centre_frames": int(off.sum()),
+        "plan_off_centre_accuracy": ok[off].float().mean().item() if off.any() else float("nan"),
     }
 
 

@@ -116,9 +116,9 @@ from tqdm import tqdm
 from models.causal_wan import CausalWan, CausalWanConfig, MarkerConfig, frame_attention_mask, sprite_marker
 from models.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDecoder
 from models.game import Game, GameConfig, GameError, generate_world, held_moves, random_policy
-from models.key_gate import KeyGate
+from models.key_gate import KeyGate, pinned
 from models.kv_pool import ChunkIndex
-from models.sampler import FlowSchedule, add_noise, carry
+from models.sampler import FlowSchedule, add_noise, carry, pin
 from models.tiny_world import SIZE, ae_config, carried_channels, dit_config, marker_config, world_config
 from models.tiny_world.data import FOCUS_POLICY, KEYS, Episodes, make_episodes
 from models.tiny_world.gate import (
@@ -714,7 +714,8 @@ def rollout_history(
     `canonical` (the autoencoder's, as `World.context` applies it) snaps every generated chunk
     before it becomes history. `carry_channels` of every noise draw hold the history's latest
     frame, as `World.carry` serves them; a key `gate` releases the keys it finds blocked from
-    that frame before each generated chunk, as `World.gate_actions` does.
+    that frame before each generated chunk and pins the motion it plans into every clean
+    estimate, as `World.steer` and `World.pin` do.
 
     It runs as a session does: every chunk through the model's K/V cache (`forward_chunk`: the
     sampler's forwards, then the clean pass that writes the chunk's K/V), so a chunk costs the same
@@ -753,8 +754,11 @@ def rollout_history(
             idx, acts = index(s, chunk), actions[:, s : s + chunk]
             if j >= first:
                 last = out[:, :, s - 1 : s]  # the history's latest frame, for the carried channels
+                planned = None
                 if gate is not None:
-                    acts = gate.gate(acts, gate.free_frames(last[:, :, 0]))
+                    free, scroll = gate.rooms(last[:, :, 0])
+                    acts = gate.gate(acts, free)
+                    planned = None if scroll is None else gate.plan(acts, scroll, last[:, :, 0])
 
                 def draw(step: int, j: int = j, last: torch.Tensor = last) -> torch.Tensor:
                     return carry(noise(j, step), last, carry_channels)
@@ -765,6 +769,8 @@ def rollout_history(
                         last_inputs[:, :, s - 1 : s - 1 + chunk] = x
                     pred = dit.forward_chunk(x, torch.full((b,), float(tk)), idx, acts)
                     x0_hat = schedule.to_x0(pred, x, sg)
+                    if planned is not None:
+                        x0_hat = pin(x0_hat, pinned(gate.cfg.marker), planned)
                     if k + 1 < len(schedule.sigmas):
                         fresh = lambda k=k: draw(k + 1)  # noqa: E731
                         x = schedule.next_x(x0_hat, x, sg, schedule.sigmas[k + 1], fresh)
@@ -1534,7 +1540,7 @@ class Trainer:
         world's map (`free_walk`). Records its held-out accuracy in the log; always finishes."""
         c = self.cfg
         self.stage = "gate"  # also when entered from `init_from` (models/tiny_world/gate.py)
-        lat, _, cams, players = self.latents()
+        lat, acts, cams, players = self.latents()
         if cams is None or players is None or not self.ae.cfg.sprite:
             raise SystemExit(
                 "the key gate needs tile-aligned latents with a sprite layer, cameras and players"
@@ -1562,6 +1568,8 @@ class Trainer:
             tr,
             game,
             progress=self.progress,
+            cameras=cams,
+            actions=acts,
         )
         self.gate = gate
         self.log({**record, "seconds": round(time.monotonic() - t0, 1), "t": self.total_elapsed()})

@@ -3,13 +3,14 @@ carries it."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 from models.causal_wan import MarkerConfig
-from models.key_gate import KeyGate, KeyGateConfig
+from models.key_gate import KeyGate, KeyGateConfig, read_motion
 from models.registry import build_world, load_world, save_world, tiny_random_configs
 
 KEYS = ("w", "a", "s", "d", "space")
@@ -92,16 +93,107 @@ def test_a_gate_must_read_the_worlds_keys_and_latents():
         world.set_gate(KeyGate(cfg))
 
 
-def test_gate_actions_leaves_entries_without_a_latest_frame_alone():
+def test_steer_leaves_entries_without_a_latest_frame_alone():
     world_cfg, dit, vae = tiny_random_configs()
     world = build_world(world_cfg, dit, vae, seed=0)
     acts = torch.cat([rows("d", "d"), rows("d", "d")])
-    assert world.gate_actions(acts, [None, None]) is acts  # no gate
+    assert world.steer(acts, [None, None]) == (acts, None)  # no gate
     gate = KeyGate(gate_cfg())
     with torch.no_grad():
         gate.out.weight.zero_()
         gate.out.bias.copy_(torch.tensor([1.0, 0, 0, 0, 0] * 4))  # every key: no room
     world.set_gate(gate)
     z = torch.zeros(8, 1, 16, 16)
-    out = world.gate_actions(acts, [z, None])
+    out, pins = world.steer(acts, [z, None])
     assert held(out[:1]) == ["", ""] and held(out[1:]) == ["d", "d"]
+    assert pins is None  # a gate without a view head plans nothing
+
+
+# -- the motion plan (`KeyGate.plan`) --------------------------------------------------------------
+
+
+def view_gate(room: int = 4, scroll: int = 4) -> KeyGate:
+    """A view-headed gate that finds `room` frames of motion and `scroll` of the view's, for every
+    key, whatever the frame shows."""
+    cfg = gate_cfg()
+    cfg.view = True
+    gate = KeyGate(cfg)
+    with torch.no_grad():
+        for out, n in ((gate.out, room), (gate.view_out, scroll)):
+            out.weight.zero_()
+            out.bias.copy_(torch.nn.functional.one_hot(torch.tensor([n] * 4), 5).flatten().float())
+    return gate
+
+
+def latest(phase: tuple[int, int], place: tuple[int, int], s: int = 4, scale: float = 4.0) -> torch.Tensor:
+    """(1, 8, 6, 6) latents whose marker channels (gate_cfg: phase 0-3, place 4-5, raw = z) put
+    the view at `phase` px on its canvas and the player `place` px off the view's centre."""
+    z = torch.randn(1, 8, 6, 6)
+    for axis, p in enumerate(phase):
+        z[0, 2 * axis] = math.cos(p * math.pi / s)
+        z[0, 2 * axis + 1] = math.sin(p * math.pi / s)
+    z[0, 4], z[0, 5] = place[0] / scale, place[1] / scale
+    return z
+
+
+def planned(gate: KeyGate, z: torch.Tensor, acts: torch.Tensor, scroll: torch.Tensor) -> tuple[list, list]:
+    """The plan's view phase and player place per frame, as [(x, y), ...] whole px."""
+    phase, place = read_motion(gate.plan(acts, scroll, z), gate.cfg.marker)
+    as_list = lambda t: [tuple(int(v) for v in t[0, :, f]) for f in range(t.shape[2])]  # noqa: E731
+    return as_list(phase), as_list(place)
+
+
+def test_a_centred_player_with_room_scrolls_the_view():
+    gate = view_gate()
+    phase, place = planned(gate, latest((1, 2), (0, 0)), rows("d", "d", "ds", ""), free())
+    assert phase == [(2, 2), (3, 2), (4, 3), (4, 3)]  # one px a frame along each held axis
+    assert place == [(0, 0)] * 4
+
+
+def test_at_the_worlds_edge_the_player_walks_across_the_view():
+    gate = view_gate()
+    # One frame of room to the right: the view scrolls once, then stands while the player walks.
+    phase, place = planned(gate, latest((0, 0), (0, 0)), rows("d", "d", "d", "d"), free(d=1))
+    assert phase == [(1, 0)] * 4
+    assert place == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    # Off-centre (the camera stopped at the left edge): walking on out moves the player, walking
+    # back moves it to the centre first and only then scrolls the view.
+    phase, place = planned(gate, latest((0, 0), (-2, 0)), rows("a", "d", "d", "d"), free(a=0))
+    assert place == [(-3, 0), (-2, 0), (-1, 0), (0, 0)]
+    assert phase == [(0, 0)] * 4
+    phase, place = planned(gate, latest((0, 0), (-1, 0)), rows("d", "d", "d", ""), free(a=0))
+    assert place == [(0, 0)] * 4 and phase == [(0, 0), (1, 0), (2, 0), (2, 0)]
+
+
+def test_idle_and_blocked_frames_hold_the_view_and_the_player():
+    gate = view_gate()
+    z = latest((3, -1), (5, -2))
+    phase, place = planned(gate, z, rows("", " ", "", ""), free())
+    assert phase == [(3, -1)] * 4 and place == [(5, -2)] * 4
+    # Opposite keys cancel, as in the game.
+    assert planned(gate, z, rows("ad", "ws", "ad", "ad"), free()) == ([(3, -1)] * 4, [(5, -2)] * 4)
+
+
+def test_a_view_gate_pins_the_plan_into_every_estimate():
+    world_cfg, dit, vae = tiny_random_configs()
+    world = build_world(world_cfg, dit, vae, seed=0)
+    world.set_gate(view_gate())
+    acts = torch.cat([rows("d", "d"), rows("d", "d")])
+    z = latest((0, 0), (0, 0))[0, :, None]  # (C, 1, h, w)
+    out, pins = world.steer(acts, [z, None])
+    assert pins is not None and pins.rows.tolist() == [True, False]
+    x = torch.randn(2, 8, 2, 6, 6)
+    before = x.clone()
+    world.pin(x, pins)
+    phase, place = read_motion(x[:, list(pins.channels)].mean(dim=(3, 4)), world.gate.cfg.marker)
+    assert held(out) == ["d", "d"]
+    assert phase[0, 0].tolist() == [1, 2] and place[0].abs().sum() == 0
+    assert torch.equal(x[1], before[1])  # no plan: the entry keeps its own estimate
+    others = [c for c in range(8) if c not in pins.channels]
+    assert torch.equal(x[:, others], before[:, others])
+    # At the world's edge the same keys walk the player instead.
+    world.set_gate(view_gate(scroll=0))
+    x = torch.randn(2, 8, 2, 6, 6)
+    world.pin(x, world.steer(acts, [z, None])[1])
+    phase, place = read_motion(x[:1, list(pins.channels)].mean(dim=(3, 4)), world.gate.cfg.marker)
+    assert phase.abs().sum() == 0 and place[0, 0].tolist() == [1, 2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from models.causal_wan import MarkerConfig
-from models.key_gate import KeyGate, KeyGateConfig
+from models.key_gate import KeyGate, KeyGateConfig, pinned, read_motion
 from models.world import Conditioning, World
 from runtime.engine import Engine
 from tests.runtime.conftest import close_frames, committed, keys, small_world
@@ -14,8 +14,9 @@ from tests.runtime.conftest import close_frames, committed, keys, small_world
 MOVES = (("d", 0, 1), ("a", 0, -1), ("s", 1, 1), ("w", 1, -1))
 
 
-def fixed_gate(room: int) -> KeyGate:
-    """A gate that gives every key `room` frames of motion, whatever the frame shows."""
+def fixed_gate(room: int, scroll: int | None = None) -> KeyGate:
+    """A gate that gives every key `room` frames of motion, whatever the frame shows (and, with
+    `scroll`, a view head that gives the view that many frames of scrolling: a motion plan)."""
     marker = MarkerConfig(phase=0, place=4, mean=(0.0,) * 6, std=(1.0,) * 6, spatial=4, frame_size=32)
     cfg = KeyGateConfig(
         keys=("w", "a", "s", "d", "space"),
@@ -25,11 +26,14 @@ def fixed_gate(room: int) -> KeyGate:
         horizon=2,
         width=8,
         layers=1,
+        view=scroll is not None,
     )
     gate = KeyGate(cfg)
+    heads = [(gate.out, room)] + ([(gate.view_out, scroll)] if scroll is not None else [])
     with torch.no_grad():
-        gate.out.weight.zero_()
-        gate.out.bias.copy_(torch.nn.functional.one_hot(torch.tensor([room] * 4), 3).flatten().float())
+        for out, n in heads:
+            out.weight.zero_()
+            out.bias.copy_(torch.nn.functional.one_hot(torch.tensor([n] * 4), 3).flatten().float())
     return gate
 
 
@@ -69,3 +73,30 @@ def test_a_key_with_room_plays_as_without_a_gate():
     idle, _ = play(keyed_world("plain"), "", "")
     assert all(close_frames(a, b) for a, b in zip(with_gate, without, strict=True))
     assert not any(close_frames(a, b) for a, b in zip(with_gate, idle, strict=True))  # keys matter here
+
+
+def motion(engine: Engine) -> tuple[list[int], list[int]]:
+    """The view's phase and the player's place (x, y) in stream "s"'s latest latent frame."""
+    z = engine.runner.streams["s"].state.last_latent
+    gate = engine.worlds["m"].gate
+    phase, place = read_motion(z[list(pinned(gate.cfg.marker)), -1].mean(dim=(1, 2))[None], gate.cfg.marker)
+    return phase[0].tolist(), place[0].tolist()
+
+
+def test_a_planned_chunk_is_generated_around_its_pinned_motion():
+    """With a view head the committed frames hold the plan: the view scrolls one px a frame while
+    the camera has room, then the player walks across it; an idle chunk keeps both."""
+    world = keyed_world("planned")
+    world.set_gate(fixed_gate(room=2, scroll=2))
+    engine = Engine({"m": world})
+    engine.add_stream("s", "m", Conditioning(seed=5))
+    n = world.chunk_frames
+    committed(engine, "s", None)
+    (px, py), (ox, oy) = motion(engine)
+    committed(engine, "s", keys("d"))
+    assert motion(engine) == ([px + n, py], [ox, oy])
+    committed(engine, "s", None)
+    assert motion(engine) == ([px + n, py], [ox, oy])
+    world.set_gate(fixed_gate(room=2, scroll=0))  # the camera stands at the world's edge
+    committed(engine, "s", keys("s"))
+    assert motion(engine) == ([px + n, py], [ox, oy + n])

@@ -38,7 +38,7 @@ def test_a_grown_model_serves_the_original_frames(tmp_path: Path):
         assert torch.equal(grown.state_dict()[key], old[key])
 
     save_world(
-        World(world.config, grown.eval(), world.decoder, start_image=None),
+        World(world.config, grown.eval(), world.decoder, start_image=None, gate=world.gate),
         tmp_path / "grown",
         start_image={"kind": "game", "size": 64},
     )

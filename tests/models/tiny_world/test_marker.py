@@ -81,7 +81,7 @@ def test_a_marked_copy_serves_the_original_frames_until_the_marker_has_weight(tm
     with pytest.raises(ValueError, match="already"):
         with_marker(marked, marker)
     save_world(
-        World(world.config, marked.eval(), world.decoder, start_image=None),
+        World(world.config, marked.eval(), world.decoder, start_image=None, gate=world.gate),
         tmp_path / "marked",
         start_image={"kind": "game", "size": 64},
     )
