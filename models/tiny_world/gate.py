@@ -4,7 +4,7 @@
 
 trains a gate for the model directory DIR on the training worlds' episodes (the recipe's data,
 encoded with DIR's own autoencoder) as the training run's `gate` stage does (`Trainer.train_gate`,
-`TrainConfig`'s gate settings) and writes DIR (or a copy, DIR2) with DIR/gate/ added: about 10
+`TrainConfig`'s gate settings) and writes DIR (or a copy, DIR2) with DIR/gate/ added: about 15
 minutes on 2 CPU cores. The labels are the game's rule on each world's map (`free_walk`): from
 every recorded frame, how many of the next `horizon` frames holding each movement key still
 moves the player, and how many of those the view still scrolls before the camera stops at the
