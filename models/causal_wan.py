@@ -128,18 +128,32 @@ class MarkerConfig:
     channels = 2  # marker channels appended to the latents: the sprite's offset from the cell, x and y
 
 
+def marker_inputs(cfg: MarkerConfig) -> tuple[int, ...]:
+    """The six latent channels a marker reads: the view's 4 phase channels, then the sprite's 2
+    centre channels."""
+    return (*range(cfg.phase, cfg.phase + 4), cfg.place, cfg.place + 1)
+
+
+def marker_motion(values: torch.Tensor, cfg: MarkerConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalised values (B, 6, ...) of a frame's `marker_inputs` (a mean over its cells) -> the
+    view's phase on its canvas (B, 2, ...) in px in [-s/2, 3s/2) and the sprite's centre relative
+    to the view's centre (B, 2, ...) in px, x then y, unrounded, in the values' dtype."""
+    shape = (1, 6) + (1,) * (values.dim() - 2)
+    mean = torch.tensor(cfg.mean, dtype=values.dtype, device=values.device).view(shape)
+    std = torch.tensor(cfg.std, dtype=values.dtype, device=values.device).view(shape)
+    raw = values * std + mean
+    s = cfg.spatial
+    p = torch.atan2(raw[:, 1:4:2], raw[:, 0:4:2]) * (s / math.pi)  # in (-s, s]
+    return torch.where(p < -s / 2, p + 2 * s, p), raw[:, 4:6] * cfg.scale
+
+
 def sprite_marker(x: torch.Tensor, cfg: MarkerConfig) -> torch.Tensor:
     """Latents (B, C, F, H, W) -> marker channels (B, 2, F, H, W): the sprite's centre minus each
     cell's centre, in cells, clamped to +-reach and divided by it. The phase and the place are
     averaged over a frame's cells first (so a noisy frame's marker is its best estimate)."""
-    idx = [cfg.phase + i for i in range(4)] + [cfg.place, cfg.place + 1]
-    mean = torch.tensor(cfg.mean, dtype=x.dtype, device=x.device)
-    std = torch.tensor(cfg.std, dtype=x.dtype, device=x.device)
-    raw = x[:, idx].mean(dim=(3, 4)) * std[:, None] + mean[:, None]  # (B, 6, F)
+    p, offset = marker_motion(x[:, list(marker_inputs(cfg))].mean(dim=(3, 4)), cfg)  # (B, 2, F) each
     s = cfg.spatial
-    p = torch.atan2(raw[:, 1:4:2], raw[:, 0:4:2]) * (s / math.pi)  # (B, 2, F) in (-s, s]
-    p = torch.where(p < -s / 2, p + 2 * s, p)  # the canvas convention: [-s/2, 3s/2)
-    centre = 2 * s + p + raw[:, 4:6] * cfg.scale + cfg.frame_size / 2  # canvas pixels
+    centre = 2 * s + p + offset + cfg.frame_size / 2  # canvas pixels
     h, w = x.shape[3:]
     cx = torch.arange(w, device=x.device, dtype=x.dtype) * s + s / 2
     cy = torch.arange(h, device=x.device, dtype=x.dtype) * s + s / 2

@@ -29,14 +29,14 @@ the head can look next to the player wherever it stands), and one linear layer t
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.causal_wan import MarkerConfig, sprite_marker
+from models.causal_wan import MarkerConfig, marker_inputs, marker_motion, sprite_marker
+from models.fast_decoder import phase_channels
 
 
 @dataclass
@@ -116,14 +116,9 @@ class KeyGate(nn.Module):
         return self._head(x, self.score, self.out), view
 
     @torch.no_grad()
-    def free_frames(self, z: torch.Tensor) -> torch.Tensor:
-        """z (B, C, h, w) -> (B, moves) int64: frames of motion each key held alone would give."""
-        return self(z).argmax(dim=-1)
-
-    @torch.no_grad()
     def rooms(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """z (B, C, h, w) -> (B, moves) int64 frames of motion per key (`free_frames`) and, with
-        `view`, (B, moves) frames the view still scrolls per key; one pass."""
+        """z (B, C, h, w) -> (B, moves) int64 frames of motion each key held alone would give and,
+        with `view`, (B, moves) frames the view would still scroll; one pass."""
         free, view = self.heads(z)
         return free.argmax(dim=-1), None if view is None else view.argmax(dim=-1)
 
@@ -147,7 +142,7 @@ class KeyGate(nn.Module):
     def gate(self, actions: torch.Tensor, free: torch.Tensor) -> torch.Tensor:
         """Action rows (B, n, ..., width) of a chunk's frames with every movement key released in
         the frames where it would no longer move the player: `free` (B, moves) frames of motion
-        per key from the chunk's start (`free_frames`). Per axis, the player's offset from the
+        per key from the chunk's start (`rooms`). Per axis, the player's offset from the
         start advances one step per frame its net key (opposite keys cancel, as in the game)
         still has room; a key with none left is released for that frame."""
         out = actions.clone()
@@ -170,8 +165,8 @@ class KeyGate(nn.Module):
     @torch.no_grad()
     def plan(self, actions: torch.Tensor, scroll: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """The chunk's motion as pinned latents: (B, 6, n) normalised values of the marker's
-        channels (the view's 4 phase channels, then the player's 2 place channels; `pinned`) for
-        each of the chunk's n frames, from gated action rows (B, n, ..., width) (`gate`: a held
+        channels (`marker_inputs`: the view's 4 phase channels, then the player's 2 place
+        channels) for each of the chunk's n frames, from gated action rows (B, n, ..., width) (`gate`: a held
         key moves the player one step), `scroll` (B, moves) frames the view still scrolls per key
         (`rooms`) and the latest latent frame z (B, C, h, w).
 
@@ -179,8 +174,8 @@ class KeyGate(nn.Module):
         it stands at the view's centre and the camera has room that way; otherwise, as where
         the game's camera stops at the world's edge, the player walks across the view (its place
         moves by `step` px) and the view stands."""
-        mk, s = self.cfg.marker, self.cfg.marker.spatial
-        phase, place = read_motion(z[:, list(pinned(mk))].float().mean(dim=(2, 3)), mk)  # (B, 2) each
+        mk, step = self.cfg.marker, self.cfg.step
+        phase, place = read_motion(z[:, list(marker_inputs(mk))].mean(dim=(2, 3)), mk)  # (B, 2) each
         n, h = actions.shape[1], self.cfg.horizon
         phases = phase[:, :, None].repeat(1, 1, n)  # (B, 2, n)
         places = place[:, :, None].repeat(1, 1, n)
@@ -192,41 +187,22 @@ class KeyGate(nn.Module):
                 net = net_all[:, f]
                 room = torch.where(net > 0, room_p, room_m)
                 scrolls = (net != 0) & (own == 0) & (room > 0)
-                walks = (net != 0) & ~scrolls
-                view = view + torch.where(scrolls, net, 0) * self.cfg.step
-                own = own + torch.where(walks, net, 0) * self.cfg.step
-                way = torch.where(scrolls, net, 0)
-                room_p = (room_p - way).clamp(0, h)
-                room_m = (room_m + way).clamp(0, h)
+                way = torch.where(scrolls, net, 0)  # the view's move; the player's otherwise
+                view = view + way * step
+                own = own + (net - way) * step
+                room_p, room_m = (room_p - way).clamp(0, h), (room_m + way).clamp(0, h)
                 phases[:, axis, f], places[:, axis, f] = view, own
-        ang = phases * (math.pi / s)
-        cos_sin = [ang[:, 0].cos(), ang[:, 0].sin(), ang[:, 1].cos(), ang[:, 1].sin()]
-        raw = torch.stack([*cos_sin, *(places / mk.scale).unbind(1)], dim=1)  # (B, 6, n)
-        mean, std = _stats(mk, z.device)
-        return (raw - mean[:, None]) / std[:, None]
-
-
-def _stats(marker: MarkerConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    return (
-        torch.tensor(marker.mean, dtype=torch.float32, device=device),
-        torch.tensor(marker.std, dtype=torch.float32, device=device),
-    )
+        b = phases.shape[0]
+        cos_sin = phase_channels(phases.transpose(1, 2).reshape(b * n, 2), mk.spatial, (1, 1))
+        raw = torch.cat([cos_sin.view(b, n, 4).transpose(1, 2), places / mk.scale], dim=1)  # (B, 6, n)
+        mean = torch.tensor(mk.mean, dtype=raw.dtype, device=raw.device)[:, None]
+        std = torch.tensor(mk.std, dtype=raw.dtype, device=raw.device)[:, None]
+        return (raw - mean) / std
 
 
 def read_motion(values: torch.Tensor, marker: MarkerConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalised values (B, 6, ...) of the `pinned` channels -> the view's phase on its canvas
-    (B, 2, ...) in whole px in [-s/2, 3s/2) and the player's offset from the view's centre
-    (B, 2, ...) in whole px (x then y, both)."""
-    mean, std = _stats(marker, values.device)
-    shape = (1, 6) + (1,) * (values.dim() - 2)
-    raw = values.float() * std.view(shape) + mean.view(shape)
-    s = marker.spatial
-    phase = torch.atan2(raw[:, 1:4:2], raw[:, 0:4:2]) * (s / math.pi)  # in (-s, s]
-    phase = torch.round(torch.where(phase < -s / 2, phase + 2 * s, phase))
-    return phase, torch.round(raw[:, 4:6] * marker.scale)
-
-
-def pinned(marker: MarkerConfig) -> tuple[int, ...]:
-    """The latent channels `KeyGate.plan` pins: the view's 4 phase channels, the player's 2 place
-    channels (the marker's order)."""
-    return (*range(marker.phase, marker.phase + 4), marker.place, marker.place + 1)
+    """Normalised values (B, 6, ...) of the `marker_inputs` channels -> the view's phase on its
+    canvas and the player's offset from the view's centre (B, 2, ...) each, in whole px
+    (`marker_motion`, rounded; computed in float32)."""
+    phase, place = marker_motion(values.float(), marker)
+    return torch.round(phase), torch.round(place)

@@ -34,9 +34,9 @@ import numpy as np
 import torch
 
 from models.actions import ActionSpace, FrameLayout
-from models.causal_wan import CausalWan
+from models.causal_wan import CausalWan, marker_inputs
 from models.i2v import ImageConditioner
-from models.key_gate import KeyGate, pinned
+from models.key_gate import KeyGate
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry, pin
 from models.vae import DecoderCache, StreamingDecoder, decode_batch
@@ -571,7 +571,7 @@ class World:
         values[rows] = plan
         mask = torch.zeros(actions.shape[0], dtype=torch.bool)
         mask[rows] = True
-        return out, Pins(pinned(self.gate.cfg.marker), values.to(self.dtype), mask.to(self.device))
+        return out, Pins(marker_inputs(self.gate.cfg.marker), values.to(self.dtype), mask.to(self.device))
 
     @staticmethod
     def pin(x: torch.Tensor, pins: Pins | None) -> torch.Tensor:

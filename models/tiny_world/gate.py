@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from models.causal_wan import marker_inputs
 from models.fast_decoder import SPRITE_SCALE, FastAutoencoder
 from models.game import GameConfig, generate_world
-from models.key_gate import KeyGate, KeyGateConfig, pinned, read_motion
+from models.key_gate import KeyGate, KeyGateConfig, read_motion
 from models.tiny_world import marker_config
 from models.tiny_world.data import KEYS
 from models.tiny_world.metrics import KEY_AXES
@@ -197,7 +198,7 @@ def train_gate(
 @torch.no_grad()
 def gate_accuracy(gate: KeyGate, latents: torch.Tensor, labels: torch.Tensor) -> dict:
     """Accuracy of `gate` on latent frames (n, C, h, w) against their labels (n, moves)."""
-    pred = torch.cat([gate.free_frames(latents[i : i + 1024].float()) for i in range(0, len(latents), 1024)])
+    pred = torch.cat([gate.rooms(latents[i : i + 1024].float())[0] for i in range(0, len(latents), 1024)])
     right = pred == labels
     blocked = labels < gate.cfg.horizon
     return {
@@ -246,7 +247,7 @@ def plan_accuracy(
     free, scroll = gate.rooms(z)
     pins = gate.plan(gate.gate(acts, free), scroll, z)  # (E*S, 6, n)
     phase, place = read_motion(pins, gate.cfg.marker)  # (E*S, 2, n)
-    phase0, _ = read_motion(z[:, list(pinned(gate.cfg.marker))].mean(dim=(2, 3)), gate.cfg.marker)
+    phase0, _ = read_motion(z[:, list(marker_inputs(gate.cfg.marker))].mean(dim=(2, 3)), gate.cfg.marker)
     cams = cameras[:, idx].flatten(0, 1).transpose(1, 2)  # (E*S, 2, n)
     cam0 = cameras[:, starts].flatten(0, 1)[:, :, None]
     screen = centres[:, idx].flatten(0, 1).transpose(1, 2) * config.scale - cams  # player's centre, px

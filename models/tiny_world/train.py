@@ -113,10 +113,17 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from models.causal_wan import CausalWan, CausalWanConfig, MarkerConfig, frame_attention_mask, sprite_marker
+from models.causal_wan import (
+    CausalWan,
+    CausalWanConfig,
+    MarkerConfig,
+    frame_attention_mask,
+    marker_inputs,
+    sprite_marker,
+)
 from models.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDecoder
 from models.game import Game, GameConfig, GameError, generate_world, held_moves, random_policy
-from models.key_gate import KeyGate, pinned
+from models.key_gate import KeyGate
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry, pin
 from models.tiny_world import SIZE, ae_config, carried_channels, dit_config, marker_config, world_config
@@ -770,7 +777,7 @@ def rollout_history(
                     pred = dit.forward_chunk(x, torch.full((b,), float(tk)), idx, acts)
                     x0_hat = schedule.to_x0(pred, x, sg)
                     if planned is not None:
-                        x0_hat = pin(x0_hat, pinned(gate.cfg.marker), planned)
+                        x0_hat = pin(x0_hat, marker_inputs(gate.cfg.marker), planned)
                     if k + 1 < len(schedule.sigmas):
                         fresh = lambda k=k: draw(k + 1)  # noqa: E731
                         x = schedule.next_x(x0_hat, x, sg, schedule.sigmas[k + 1], fresh)

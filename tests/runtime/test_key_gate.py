@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from models.causal_wan import MarkerConfig
-from models.key_gate import KeyGate, KeyGateConfig, pinned, read_motion
+from models.causal_wan import MarkerConfig, marker_inputs
+from models.key_gate import KeyGate, KeyGateConfig, read_motion
 from models.world import Conditioning, World
 from runtime.engine import Engine
 from tests.runtime.conftest import close_frames, committed, keys, small_world
@@ -79,7 +79,8 @@ def motion(engine: Engine) -> tuple[list[int], list[int]]:
     """The view's phase and the player's place (x, y) in stream "s"'s latest latent frame."""
     z = engine.runner.streams["s"].state.last_latent
     gate = engine.worlds["m"].gate
-    phase, place = read_motion(z[list(pinned(gate.cfg.marker)), -1].mean(dim=(1, 2))[None], gate.cfg.marker)
+    values = z[list(marker_inputs(gate.cfg.marker)), -1].mean(dim=(1, 2))[None]
+    phase, place = read_motion(values, gate.cfg.marker)
     return phase[0].tolist(), place[0].tolist()
 
 
