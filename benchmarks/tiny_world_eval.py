@@ -20,7 +20,8 @@ Measures (JSON in --out/tiny_world_eval.json, plots tiny_world_psnr.png and tiny
 * wall probe: hold a key toward a nearby wall; the world displacement read from the frames
   (camera scroll + sprite motion) must stop where the simulator stops (within 2 px);
 * return probe: a*16 then d*16 comes back to the start view; PSNR of the model's frame 32 vs the
-  simulator's frame 32 and vs the model's own frame 0;
+  simulator's frame 32 and vs the model's own frame 0; the revisit probe the same with a*48,
+  d*48 (frame 96), a walk past the DiT's 16-frame window (what comes back is the atlas's);
 * 512-frame rollouts: no NaN in the KV cache, per-frame statistics inside the simulator's range
   (target >= 98 % of frames), sprite still present, PSNR and sharpness (mean absolute horizontal
   gradient, model / game, target within +-25 % in every segment) by 64-frame segment;
@@ -226,31 +227,36 @@ def control_probe(engine: Engine, model_id: str, n_worlds: int, batch: int, hold
     }
 
 
-def return_probe(engine: Engine, model_id: str, n: int, batch: int) -> dict:
-    script = parse_action_script("a*16,d*16")
+def return_probe(engine: Engine, model_id: str, n: int, batch: int, hold: int = 16) -> dict:
+    """`hold` frames of A, then as many of D, in `n` worlds where the game's camera follows the
+    whole walk: how close the frame back at the start is to the game's (and to the model's own
+    start frame). With `hold` past the DiT's 16-frame window, what the walk left behind comes back
+    only from the session's atlas (models/atlas.py) or is invented anew."""
+    script = parse_action_script(f"a*{hold},d*{hold}")
     cfg = GameConfig()
     seeds = []
     seed = EVAL_SEED_BASE + 9000
-    while len(seeds) < n:  # worlds where the walk is free and the camera follows (frame 32 == 0)
+    while len(seeds) < n:  # worlds where the walk is free and the camera follows (back at frame 0)
         sim = simulate(seed, script, cfg)
         wx = sim.player_world_pos[:, 0] - sim.player_world_pos[0, 0]
         centred = np.all(np.abs(sim.player_pos[:, 0] - sim.player_pos[0, 0]) < 0.5)
-        if wx[16] == -16 and wx[32] == 0 and centred:
+        if wx[hold] == -hold and wx[2 * hold] == 0 and centred:
             seeds.append(seed)
         seed += 1
     frames, _ = batched(engine, model_id, seeds, [script] * len(seeds), batch)
     sims = [simulate(s, script, cfg).frames for s in seeds]
-    vs_sim = [float(psnr(f[32], s[32])) for f, s in zip(frames, sims, strict=True)]
-    vs_own0 = [float(psnr(f[32], f[0])) for f in frames]
-    sim_self = [float(psnr(s[32], s[0])) for s in sims]
-    at16 = [float(psnr(f[16], s[16])) for f, s in zip(frames, sims, strict=True)]
+    end = 2 * hold
+    vs_sim = [float(psnr(f[end], s[end])) for f, s in zip(frames, sims, strict=True)]
+    vs_own0 = [float(psnr(f[end], f[0])) for f in frames]
+    sim_self = [float(psnr(s[end], s[0])) for s in sims]
+    turn = [float(psnr(f[hold], s[hold])) for f, s in zip(frames, sims, strict=True)]
     return {
-        "script": "a*16,d*16",
+        "script": f"a*{hold},d*{hold}",
         "seeds": seeds,
-        "psnr_frame32_vs_sim": float(np.mean(vs_sim)),
-        "psnr_frame32_vs_own_frame0": float(np.mean(vs_own0)),
-        "psnr_sim_frame32_vs_sim_frame0": float(np.mean(sim_self)),
-        "psnr_frame16_vs_sim": float(np.mean(at16)),
+        f"psnr_frame{end}_vs_sim": float(np.mean(vs_sim)),
+        f"psnr_frame{end}_vs_own_frame0": float(np.mean(vs_own0)),
+        f"psnr_sim_frame{end}_vs_sim_frame0": float(np.mean(sim_self)),
+        f"psnr_frame{hold}_vs_sim": float(np.mean(turn)),
     }
 
 
@@ -515,6 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("control", results["control_probe"])
     results["return_probe"] = return_probe(engine, mid, args.probe_cases, args.batch)
     print("return", {k: v for k, v in results["return_probe"].items() if k != "seeds"})
+    results["revisit_probe"] = return_probe(engine, mid, args.probe_cases, args.batch, hold=48)
+    print("revisit", {k: v for k, v in results["revisit_probe"].items() if k != "seeds"})
     if args.long_frames:
         long_seeds = [EVAL_SEED_BASE + 20000 + i for i in range(args.long_seeds)]
         results["long_rollout"] = long_rollouts(engine, mid, long_seeds, args.long_frames, args.batch)

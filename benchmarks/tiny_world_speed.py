@@ -1,6 +1,7 @@
 """Speed of the tiny world through the Engine: one session on this machine's CPU, decode included.
 
     python benchmarks/tiny_world_speed.py [--model tiny-world|DIR] [--chunks 60] [--trials 3]
+                                          [--against DIR]
 
 Writes --out/tiny_world_speed.json with:
 
@@ -12,6 +13,9 @@ Writes --out/tiny_world_speed.json with:
 * `action_response`: in a fresh session, after two idle chunks, one chunk holds "d"; the number
   of chunks until the view visibly scrolls (0 = the very chunk that carried the key) and that
   chunk's submit-to-commit ms.
+* with `--against`: the other model's trials, alternating with these in the same run, and the
+  ratio of the two medians (the only speed comparison this machine supports: its speed drifts
+  by up to 2x between hours).
 """
 
 from __future__ import annotations
@@ -124,6 +128,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--tag", default="")
+    parser.add_argument(
+        "--against",
+        default=None,
+        help="another model (name or directory): its trials alternate with --model's in this run, "
+        "and the JSON gets the ratio of their median frames per second",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
@@ -134,7 +144,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     mid = world.config.id
     engine = Engine({mid: world})
     trial(engine, mid, 999, 4)  # warm-up (allocator, first-call overheads)
-    trials = [trial(engine, mid, 1_000_000 + i, args.chunks) for i in range(args.trials)]
+    other = None
+    if args.against:  # side by side: the machine's speed drifts by up to 2x between hours
+        other = Engine({mid: from_name(args.against)})
+        trial(other, mid, 999, 4)
+    trials, other_trials = [], []
+    for i in range(args.trials):
+        trials.append(trial(engine, mid, 1_000_000 + i, args.chunks))
+        if other is not None:
+            other_trials.append(trial(other, mid, 1_000_000 + i, args.chunks))
     fps = [t["frames_per_second"] for t in trials]
     first = [t["first_frame_ms"] for t in trials]
     per_chunk = world.chunk_frames * world.layout.frames_per_latent
@@ -159,6 +177,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "response_within_one_chunk": all(t["response_chunks"] == 0 for t in trials),
         },
     }
+    if other_trials:
+        other_fps = [t["frames_per_second"] for t in other_trials]
+        results["against"] = {
+            "model": args.against,
+            "frames_per_second": {"median": statistics.median(other_fps), "runs": other_fps},
+            "fps_ratio": statistics.median(fps) / statistics.median(other_fps),
+            "stage_ms_mean": {
+                k: statistics.mean(t["stage_ms_mean"][k] for t in other_trials)
+                for k in trials[0]["stage_ms_mean"]
+            },
+        }
+        print(f"against {args.against}: fps ratio {results['against']['fps_ratio']:.3f}")
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"_{args.tag}" if args.tag else ""
     path = args.out / f"tiny_world_speed{tag}.json"

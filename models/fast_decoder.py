@@ -631,21 +631,38 @@ class FastAutoencoder(nn.Module):
         for a cell it cannot know (terrain scrolling into view) is their mean, a grey-blue that
         then spreads through its history. Snapped, every guess is a tile of the game; cells that
         hold part of a creature are not flat and are left as they are."""
-        cfg = self.cfg
-        s, g = cfg.spatial, cells.shape[-1]
-        view = cells.new_ones(cells.shape[0], 1, cfg.frame_size, cfg.frame_size)
-        cover = paste(view, pos, g * s)  # (N, 1, S, S): 1 where the view is
+        s = self.cfg.spatial
+        cover = self.view_cover(pos, cells.shape[-1])
+        flat, mean = self.flat_cells(cells, cover)
+        colours = torch.tensor(self.cfg.palette, dtype=cells.dtype, device=cells.device) / 127.5 - 1  # (K, 3)
+        dist = (mean.permute(0, 2, 3, 1)[..., None, :] - colours).square().sum(-1)  # (N, g, g, K)
+        tile = colours[dist.argmin(-1)].permute(0, 3, 1, 2)  # (N, 3, g, g)
+        snapped = self.encode_seen(F.interpolate(tile, scale_factor=s, mode="nearest"), cover)
+        return torch.where(flat, snapped, cells)
+
+    def view_cover(self, pos: torch.Tensor, g: int) -> torch.Tensor:
+        """(N, 1, S, S) canvases of g x g cells, 1 where a view whose top-left corner lies at
+        `pos` (N, 2) (x, y) shows the canvas (a comparison per pixel: no host sync)."""
+        s, f = self.cfg.spatial, self.cfg.frame_size
+        px = torch.arange(g * s, device=pos.device)
+        inside = (px >= pos[..., None]) & (px < pos[..., None] + f)  # (N, 2, S)
+        return (inside[:, 1, :, None] & inside[:, 0, None, :])[:, None].to(self.latents_std.dtype)
+
+    def flat_cells(self, cells: torch.Tensor, cover: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw cells (N, k, g, g) seen through `cover` (`view_cover`) -> (N, 1, g, g) bool: the
+        cell shows pixels and they are flat (every colour's std under `SNAP_STD`: a terrain tile,
+        not part of a creature), and the mean colour of those pixels (N, 3, g, g) in [-1, 1]."""
+        s = self.cfg.spatial
         pixels = self.decoder(cells).clamp(-1, 1) * cover
         count = F.avg_pool2d(cover, s) * s * s  # (N, 1, g, g) view pixels per cell
         mean = F.avg_pool2d(pixels, s) * s * s / count.clamp(min=1)
         var = F.avg_pool2d(pixels.square(), s) * s * s / count.clamp(min=1) - mean.square()
-        flat = (count > 0) & (var.clamp(min=0).sqrt().amax(dim=1, keepdim=True) < SNAP_STD)
-        colours = torch.tensor(cfg.palette, dtype=cells.dtype, device=cells.device) / 127.5 - 1  # (K, 3)
-        dist = (mean.permute(0, 2, 3, 1)[..., None, :] - colours).square().sum(-1)  # (N, g, g, K)
-        tile = colours[dist.argmin(-1)].permute(0, 3, 1, 2)  # (N, 3, g, g)
-        drawn = F.interpolate(tile, scale_factor=s, mode="nearest") * cover
-        snapped = self.quant(self.encoder(torch.cat([drawn, cover], dim=1)))
-        return torch.where(flat, snapped, cells)
+        return (count > 0) & (var.clamp(min=0).sqrt().amax(dim=1, keepdim=True) < SNAP_STD), mean
+
+    def encode_seen(self, pixels: torch.Tensor, cover: torch.Tensor) -> torch.Tensor:
+        """Canvas pixels (N, 3, S, S) in [-1, 1] seen through `cover` (N, 1, S, S) -> raw cells
+        (N, k, g, g) as the encoder writes them for that view (each cell from its own pixels)."""
+        return self.quant(self.encoder(torch.cat([pixels * cover, cover], dim=1)))
 
     def encode_float(
         self, video: torch.Tensor, offsets: torch.Tensor | None = None, sprites: torch.Tensor | None = None

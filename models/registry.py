@@ -374,6 +374,8 @@ def load_world(
         gate = KeyGate(KeyGateConfig.from_dict(meta["gate"]))
         load_state(gate, root / GATE_WEIGHTS)
         world.set_gate(gate)
+    if wcfg.atlas_tiles and not world.remembers:
+        raise ValueError(f"{root}: atlas_tiles needs a key gate that plans the view's motion (gate.view)")
     if torch.device(device) == torch.device("cpu") and dtype == torch.float32:
         return world
     dec = wrap_decoder(decoder_module(world.decoder).to(device=device, dtype=dtype), kind)

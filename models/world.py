@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from models.actions import ActionSpace, FrameLayout
-from models.causal_wan import CausalWan, marker_inputs
+from models.atlas import Atlas, Cartographer
+from models.causal_wan import CausalWan, marker_inputs, marker_motion
 from models.i2v import ImageConditioner
 from models.key_gate import KeyGate
 from models.kv_pool import ChunkIndex
@@ -91,6 +92,10 @@ class WorldConfig:
     # Latent channels whose sampler noise is the history's latest frame instead of a random draw
     # (the tiny world's player place: trained to move it from where it was, `World.carry`).
     carry_channels: tuple[int, ...] = ()
+    # > 0: sessions keep a map of the tiles they have shown, this many tiles across, and draw the
+    # remembered ones when they come back into view (models/atlas.py; tile-aligned latents and a
+    # key gate that plans the view's motion). 0: terrain out of the window is invented anew.
+    atlas_tiles: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -133,6 +138,7 @@ class WorldState:
     # (C, 1, h, w) the latest committed latent frame, kept only for worlds that read it
     # (`World.keeps_last`: carry_channels or a key gate).
     last_latent: torch.Tensor | None = None
+    atlas: Atlas | None = None  # the tiles the session has shown (`World.remembers`)
 
 
 @dataclass
@@ -144,6 +150,10 @@ class Pins:
     channels: tuple[int, ...]
     values: torch.Tensor  # (B, len(channels), n) normalised, the same in every cell of a frame
     rows: torch.Tensor  # (B,) bool: the entries that have a plan (others keep their own estimate)
+    # Remembered tiles (`World.remembers`): the cell channels (B, k, n, h, w) normalised, and
+    # where they hold (B, 1, n, h, w) bool.
+    cells: torch.Tensor | None = None
+    cell_mask: torch.Tensor | None = None
 
 
 class PromptSource(Protocol):
@@ -217,6 +227,14 @@ class World:
         self.gate: KeyGate | None = None  # which held keys the world's walls block (None: every key moves)
         if gate is not None:
             self.set_gate(gate)
+        # Writes and reads sessions' atlases; they are kept once a key gate plans the view's
+        # motion (`remembers`), which places every frame on the tile grid.
+        self.cartographer: Cartographer | None = None
+        if config.atlas_tiles > 0:
+            ae = getattr(decoder, "ae", None)
+            if ae is None or not ae.cfg.frame_size:
+                raise ValueError("atlas_tiles needs a decoder on tile-aligned latents")
+            self.cartographer = Cartographer(ae, config.atlas_tiles)
 
     def set_gate(self, gate: KeyGate) -> None:
         """Give the world a key gate (`steer`), on its device and dtype."""
@@ -236,6 +254,12 @@ class World:
         """Whether sessions keep their latest latent frame (`WorldState.last_latent`): read by
         `carry` and `steer`."""
         return bool(self.config.carry_channels) or self.gate is not None
+
+    @property
+    def remembers(self) -> bool:
+        """Whether sessions keep an atlas of the tiles they have shown (`WorldState.atlas`):
+        `atlas_tiles` > 0 and a key gate that plans the view's motion."""
+        return self.cartographer is not None and self.gate is not None and self.gate.cfg.view
 
     @property
     def layout(self) -> FrameLayout:
@@ -548,14 +572,18 @@ class World:
 
     @torch.no_grad()
     def steer(
-        self, actions: torch.Tensor | None, last: Sequence[torch.Tensor | None]
+        self,
+        actions: torch.Tensor | None,
+        last: Sequence[torch.Tensor | None],
+        atlases: Sequence[Atlas | None] = (),
     ) -> tuple[torch.Tensor | None, Pins | None]:
         """A chunk's action rows (B, n, ..., width) with each movement key released in the frames
         the world's key gate finds it blocked from entry i's latest latent frame `last[i]`
         (C, 1, h, w) (`KeyGate.gate`), and, where the gate plans motion (`KeyGateConfig.view`),
-        the chunk's `Pins` (`KeyGate.plan`). Entries past `last` or whose `last` is None
-        (padding, nothing committed) keep their actions and have no plan; worlds without a gate
-        keep theirs and pin nothing."""
+        the chunk's `Pins` (`KeyGate.plan`), with the tiles entry i's atlas `atlases[i]` remembers
+        in its frames' views (`Cartographer.recall`; `remembers` worlds). Entries past `last` or
+        whose `last` is None (padding, nothing committed) keep their actions and have no plan;
+        worlds without a gate keep theirs and pin nothing."""
         rows = [i for i, z in enumerate(last) if z is not None]
         if self.gate is None or actions is None or not rows:
             return actions, None
@@ -571,13 +599,48 @@ class World:
         values[rows] = plan
         mask = torch.zeros(actions.shape[0], dtype=torch.bool)
         mask[rows] = True
-        return out, Pins(marker_inputs(self.gate.cfg.marker), values.to(self.dtype), mask.to(self.device))
+        pins = Pins(marker_inputs(self.gate.cfg.marker), values.to(self.dtype), mask.to(self.device))
+        if self.cartographer is None or not any(atlases):
+            return out, pins
+        carto = self.cartographer
+        phases = marker_motion(plan, self.gate.cfg.marker)[0].round().long()  # (k, 2, n)
+        shape = (actions.shape[0], 1, plan.shape[2], *self.latent_shape[1:])
+        cells = torch.zeros(shape, dtype=self.dtype, device=self.device).repeat(1, carto.k, 1, 1, 1)
+        cell_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        for j, i in enumerate(rows):
+            if i < len(atlases) and atlases[i] is not None:
+                cells[i], cell_mask[i] = carto.recall(atlases[i], last[i], phases[j])
+        return out, replace(pins, cells=cells, cell_mask=cell_mask)
 
     @staticmethod
     def pin(x: torch.Tensor, pins: Pins | None) -> torch.Tensor:
         """Latents (B, C, n, h, w) with `pins`' channels set to their values in the entries that
-        have a plan (in place; returned; `models.sampler.pin`)."""
-        return x if pins is None else pin(x, pins.channels, pins.values, pins.rows)
+        have a plan and the remembered tiles set where they hold (in place; returned;
+        `models.sampler.pin`)."""
+        if pins is None:
+            return x
+        pin(x, pins.channels, pins.values, pins.rows)
+        if pins.cells is not None and pins.cell_mask is not None:
+            k, b = pins.cells.shape[1], x.shape[0]
+            x[:, :k] = torch.where(pins.cell_mask[:b], pins.cells[:b].to(x.dtype), x[:, :k])
+        return x
+
+    @torch.no_grad()
+    def moves(self, x0: torch.Tensor) -> torch.Tensor | None:
+        """Generated chunks (B, C, n, h, w) before `canonical` -> the tiles (B, 2) each anchor moves
+        (`Cartographer.moves`); None for worlds without atlases."""
+        return None if self.cartographer is None else self.cartographer.moves(x0)
+
+    @torch.no_grad()
+    def remember(self, atlas: Atlas | None, moved: torch.Tensor | None, last: torch.Tensor) -> Atlas:
+        """A session's atlas after a committed frame `last` (C, 1, h, w) in canonical form whose
+        anchor moved `moved` (2,) tiles (`moves`): a new version; `atlas` None starts one at the
+        start frame."""
+        assert self.cartographer is not None, "remember() on a world without atlases"
+        if atlas is None:
+            return self.cartographer.start(last)
+        assert moved is not None
+        return self.cartographer.write(atlas, moved, last)
 
     @torch.no_grad()
     def context(

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from models.actions import FrameAction, group_actions
+from models.atlas import Atlas
 from models.kv_pool import ChunkIndex
 from models.world import Conditioning, World
 from runtime.kv_cache import KVLayout
@@ -179,9 +180,11 @@ class Batch:
         self.clock = StageClock(world.device)
         self.index = self._index()
         self.last = self._last()
+        self.atlases = self._atlases()
         # Keys the world's walls block are released before the DiT sees them, and a world that
-        # plans its motion pins what it knows of the chunk's frames (`World.steer`).
-        self.actions, self.pins = world.steer(self._actions(), self.last)
+        # plans its motion pins what it knows of the chunk's frames, with the tiles it remembers
+        # (`World.steer`).
+        self.actions, self.pins = world.steer(self._actions(), self.last, self.atlases)
         self.x0 = torch.empty(0)  # the clean estimate, set by denoise
         self.finite = torch.empty(0)  # (size,) bool: x0 is finite, read with the frames
         self.caches: list = []  # decoder caches of the live entries, set by decode
@@ -220,6 +223,13 @@ class Batch:
         if not self.world.keeps_last:
             return []
         return [t.after.tail if t.after is not None else t.stream.state.last_latent for t in self.txns]
+
+    def _atlases(self) -> list[Atlas | None]:
+        """Each entry's atlas (`World.remembers`): that of the chunk it runs on top of (pipelined),
+        else its stream's committed one; empty for worlds that keep none."""
+        if not self.world.remembers:
+            return []
+        return [t.after.atlas if t.after is not None else t.stream.state.atlas for t in self.txns]
 
     def _noise(self, step: int) -> torch.Tensor:
         """(size, C, n, h, w): each live entry's (seed, chunk, step) noise, zeros elsewhere; the
@@ -303,11 +313,14 @@ class Batch:
         # Read on the host with the frames (no sync here): a chunk whose latents are not finite
         # (an overflowing input, a diverging model) is rolled back instead of poisoning the world.
         self.finite = torch.isfinite(self.x0).flatten(1).all(1)
+        moved = w.moves(self.x0) if self.atlases else None
         self.x0 = w.canonical(self.x0)  # what is shown is what the history keeps
         if self.last:
             tails = self.x0[:, :, -1:].clone()  # one copy for the batch; each entry keeps its row
             for i in self.live:
                 self.txns[i].tail = tails[i]
+                if moved is not None:  # the atlas this chunk's commit installs
+                    self.txns[i].atlas = w.remember(self.atlases[i], moved[i], tails[i])
         self.clock.mark("denoised")
         return True
 
@@ -557,6 +570,8 @@ class Runner:
         st.start_latents = None
         if world.keeps_last:
             st.last_latent = x0[0, :, -1:]
+        if world.remembers:
+            st.atlas = world.remember(None, None, x0[0, :, -1:])
         return frames[-1]
 
     def _compute(self, model_id: str, chunks: list[ScheduledChunk]) -> Batch | None:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from models.actions import FrameAction
+from models.atlas import Atlas
 from models.vae import DecoderCache
 from models.world import WorldState
 from runtime.requests import ChunkCommitted, ChunkRequest, ChunkTimings, DebugHooks
@@ -84,6 +85,9 @@ class Transaction:
         # it (`World.keeps_last`): the stream's `last_latent` at commit, and what a chunk run on
         # top reads.
         self.tail: torch.Tensor | None = None
+        # The session's atlas after this chunk (`World.remembers`): its commit installs it, and a
+        # chunk run on top reads it.
+        self.atlas: Atlas | None = None
         if after is None:
             st = stream.state
             self.chunk = st.chunks + 1  # the chunk number a commit would create
@@ -124,6 +128,8 @@ class Transaction:
         st.start_latents = None
         if self.tail is not None:
             st.last_latent = self.tail
+        if self.atlas is not None:
+            st.atlas = self.atlas
         self.stream.action_log.append(self.actions)
         self._set_status(TxnStatus.COMMITTED)
         return ChunkCommitted(

@@ -7,7 +7,8 @@ the benchmarks agree on it:
 * `dit_config()`   the causal Wan DiT with the keyboard action module (the game's KEYS, no mouse);
 * `marker_config()` the DiT's per-cell sprite marker on those latents (a DiT trained with `--marker`);
 * `world_config()` serving settings: 30 fps, image start, the few-step schedule, context noise,
-  the sampler's carried channels (`carried_channels()`: the player's place, the view's phase);
+  the sampler's carried channels (`carried_channels()`: the player's place, the view's phase),
+  the sessions' atlas of the tiles they have shown (`atlas_tiles()`, with a gate that plans);
 * `start_image(seed)` the simulator's first frame for a session seed (what a session starts from);
 * `WEIGHTS_DIR`    the shipped model directory (worldserve.json + transformer/ + vae/).
 
@@ -23,12 +24,17 @@ import numpy as np
 from models.causal_wan import ActionConfig, CausalWanConfig, MarkerConfig
 from models.fast_decoder import PHASE_CHANNELS, SPRITE_CHANNELS, SPRITE_SCALE, FastAEConfig
 from models.game import FPS, KEYS, Game, GameConfig
+from models.key_gate import KeyGate
 from models.sampler import FlowSchedule
 from models.world import WorldConfig
 
 NAME = "tiny-world"
 SIZE = 64  # frame height and width, pixels (the game's default)
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+# Tiles across a session's atlas (models/atlas.py): the game's worlds are 40 tiles across, so a
+# session remembers all of one (a world the model invents may run further; the atlas then keeps
+# the 64 x 64 tiles around the view).
+ATLAS_TILES = 64
 
 
 def ae_config(tiled: bool = False, sprite: bool = False) -> FastAEConfig:
@@ -127,10 +133,17 @@ def carried_channels(place: bool = False, view: bool = False) -> tuple[int, ...]
     return tuple(sorted((place_channels() if place else ()) + (view_channels() if view else ())))
 
 
-def world_config(carry: tuple[int, ...] = ()) -> WorldConfig:
+def atlas_tiles(gate: KeyGate | None) -> int:
+    """`WorldConfig.atlas_tiles` of a tiny world served with `gate`: sessions keep an atlas when
+    the gate plans the view's motion (which places every frame on the tile grid), else none."""
+    return ATLAS_TILES if gate is not None and gate.cfg.view else 0
+
+
+def world_config(carry: tuple[int, ...] = (), atlas: int = 0) -> WorldConfig:
     """Serving settings of the shipped world. `carry`: the latent channels the sampler starts from
     the history's latest frame (`WorldConfig.carry_channels`; `carried_channels()`), for a DiT
-    trained so (`--sf-place-start`, `--sf-view-start`)."""
+    trained so (`--sf-place-start`, `--sf-view-start`); `atlas`: `WorldConfig.atlas_tiles`
+    (`atlas_tiles()`)."""
     return WorldConfig(
         id=NAME,
         fps=float(FPS),
@@ -141,6 +154,7 @@ def world_config(carry: tuple[int, ...] = ()) -> WorldConfig:
         image_start=True,
         description="tiny causal Wan trained on the built-in game (WASD + space), from the seed's world",
         carry_channels=tuple(carry),
+        atlas_tiles=atlas,
     )
 
 

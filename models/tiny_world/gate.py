@@ -30,7 +30,7 @@ from models.causal_wan import marker_inputs
 from models.fast_decoder import SPRITE_SCALE, FastAutoencoder
 from models.game import GameConfig, generate_world
 from models.key_gate import KeyGate, KeyGateConfig, read_motion
-from models.tiny_world import marker_config
+from models.tiny_world import atlas_tiles, marker_config
 from models.tiny_world.data import KEYS
 from models.tiny_world.metrics import KEY_AXES
 
@@ -318,6 +318,9 @@ def add_gate(model: Path, out: Path | None, work: Path | None, seed: int, progre
         trainer.init_from(model)
         trainer.train_gate()
         save_gate(trainer.gate, target)
+        meta = json.loads((target / "worldserve.json").read_text())
+        meta["world"]["atlas_tiles"] = atlas_tiles(trainer.gate)  # served as the recipe exports it
+        (target / "worldserve.json").write_text(json.dumps(meta, indent=2))
         record = json.loads(trainer.log_path.read_text().splitlines()[-1])
     finally:
         if work is None:

@@ -126,7 +126,15 @@ from models.game import Game, GameConfig, GameError, generate_world, held_moves,
 from models.key_gate import KeyGate
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry, pin
-from models.tiny_world import SIZE, ae_config, carried_channels, dit_config, marker_config, world_config
+from models.tiny_world import (
+    SIZE,
+    ae_config,
+    atlas_tiles,
+    carried_channels,
+    dit_config,
+    marker_config,
+    world_config,
+)
 from models.tiny_world.data import FOCUS_POLICY, KEYS, Episodes, make_episodes
 from models.tiny_world.gate import (
     GateTraining,
@@ -2103,7 +2111,7 @@ class Trainer:
 
         # Served as the last trained phase carries (exported mid-run: as the current one).
         last = self.stage if self.stage in self.cfg.dit_stages() else self.cfg.dit_stages()[-1]
-        config = world_config(carry=self.carried(last))
+        config = world_config(carry=self.carried(last), atlas=atlas_tiles(self.gate))
         world = World(
             config, self.ema.eval(), FastStreamingDecoder(self.ae.eval()), start_image=None, gate=self.gate
         )

@@ -13,6 +13,7 @@ import torch
 
 from models.game import GameConfig, generate_world, held_moves
 from models.registry import load_world
+from models.tiny_world import ATLAS_TILES
 from models.tiny_world.gate import free_walk, jitter_player, world_walls
 from models.tiny_world.metrics import KEY_AXES
 from tests.models.tiny_world.test_motion_weights import TILED
@@ -82,6 +83,7 @@ def test_the_gate_stage_exports_a_world_with_its_gate(tmp_path: Path):
     world = load_world(tmp_path / "run" / "model")
     assert world.gate is not None and world.keeps_last
     assert world.config.carry_channels == ()  # served as the last DiT stage (sf, no carry) trained it
+    assert world.remembers and world.config.atlas_tiles == ATLAS_TILES  # its gate plans the view
 
 
 def test_a_run_without_a_sprite_layer_asks_for_no_gate(tmp_path: Path, capsys):

@@ -1,0 +1,88 @@
+"""The atlas (models/atlas.py) on the shipped tiny world's autoencoder: it keeps the flat tiles a
+frame shows wholly, at their place on the grid, and gives them back, as the encoder writes them,
+when a view shows them again, drawn as the game draws those tiles there."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.atlas import EMPTY, Cartographer
+from models.game import simulate
+from models.registry import from_name
+from models.tiny_world.metrics import free_worlds
+
+
+@pytest.fixture(scope="module")
+def world():
+    return from_name("tiny-world")
+
+
+@pytest.fixture(scope="module")
+def carto(world):
+    return Cartographer(world.decoder.ae, 64)
+
+
+def encode(world, frame: np.ndarray) -> torch.Tensor:
+    """A game frame as a session's latest latent frame (C, 1, h, w), on its own anchor."""
+    return world.decoder.encode(frame[None])
+
+
+def test_a_start_frame_keeps_its_flat_tiles_wholly_in_view(world, carto):
+    sim = simulate(1_050_000, [])
+    z = encode(world, sim.frames[0])
+    atlas = carto.start(z)
+    ae, k = world.decoder.ae, carto.k
+    pos = carto.phase(z[:, 0][None]) + 2 * carto.s
+    raw = z[:k, 0][None] * carto.std[:k] + carto.mean[:k]
+    flat, _ = ae.flat_cells(raw, ae.view_cover(pos, carto.g))
+    keep = (flat & carto.whole(pos))[0, 0]
+    assert 40 <= int(keep.sum()) <= 64  # an 8 x 8-tile view, less the cells a creature or cut tile spoils
+    assert int((atlas.tags[0] != EMPTY).sum()) == int(keep.sum())
+    tiles, sy, sx = carto.slots(atlas.origin)
+    assert torch.equal(atlas.tags[:, sy, sx][:, keep], tiles[:, keep])
+    assert torch.equal(atlas.cells[:, sy, sx][:, keep], z[:k, 0][:, keep])
+    assert atlas.nbytes == (k * 64 * 64) * 4 + 2 * 64 * 64 * 8 + 2 * 8
+
+
+def test_tiles_shown_before_come_back_where_the_game_draws_them(world, carto):
+    # The view walked 3 tiles right (frame 24 of a free walk); on the way back the start frame's
+    # tiles re-enter on the left, each frame's cut of them re-encoded for that frame's view.
+    seed = free_worlds(1, 24, 1_050_000, keys="d")[0]
+    sim = simulate(seed, [frozenset("d")] * 24, layers=True)
+    z0, z24 = encode(world, sim.frames[0]), encode(world, sim.frames[24])
+    p0, p24 = carto.phase(z0[:, 0][None])[0], carto.phase(z24[:, 0][None])[0]
+    assert torch.equal(p0, p24)  # 24 px is 3 whole tiles
+    atlas = carto.write(carto.start(z0), torch.tensor([3, 0]), z24)
+    assert atlas.origin.tolist() == [3, 0]
+    back = torch.arange(1, 5)
+    phases = torch.stack([p24[0] - back, p24[1].expand(4)])  # frames 23, 22, 21, 20
+    values, mask = carto.recall(atlas, z24, phases)
+    assert values.shape == (carto.k, 4, carto.g, carto.g) and mask.shape == (1, 4, carto.g, carto.g)
+    shown = carto.whole(p24[None] + 2 * carto.s)[0, 0]
+    assert not (mask[0] & shown).any()  # the latest frame's own tiles are the DiT's
+    assert mask[0].any(dim=(1, 2)).all()  # every frame of the walk back shows remembered tiles
+    ae, s, k = world.decoder.ae, carto.s, carto.k
+    for j in range(4):
+        raw = values[:, j][None] * carto.std[:k] + carto.mean[:k]
+        with torch.no_grad():
+            canvas = ae.decoder(raw).clamp(-1, 1)[0]  # (3, S, S)
+        x, y = (phases[:, j] + 2 * s).tolist()
+        view = canvas[:, y : y + 64, x : x + 64].permute(1, 2, 0)
+        pinned = mask[0, j].repeat_interleave(s, 0).repeat_interleave(s, 1)[y : y + 64, x : x + 64]
+        game = torch.from_numpy(sim.backdrops[23 - j]).float() / 127.5 - 1
+        err = (view - game).abs().amax(dim=-1)[pinned]
+        assert pinned.sum() >= 64 and float(err.mean()) < 0.03, (j, float(err.mean()))
+
+
+def test_a_full_atlas_overwrites_the_slot_and_forgets_the_older_tile(world, carto):
+    small = Cartographer(world.decoder.ae, carto.g)  # as few slots as one frame's tiles
+    z = encode(world, simulate(1_050_000, []).frames[0])
+    first = small.start(z)
+    moved = small.write(first, torch.tensor([small.g, 0]), z)  # the same tiles g tiles further on
+    tiles, sy, sx = small.slots(torch.zeros(2, dtype=torch.long))
+    assert not (moved.tags[:, sy, sx] == tiles).all(dim=0).any()  # nothing of the first place is left
+    assert (first.tags[:, sy, sx] == tiles).all(dim=0).any()  # versions are never written in place
+    with pytest.raises(ValueError, match="smaller than a latent frame"):
+        Cartographer(world.decoder.ae, carto.g - 1)

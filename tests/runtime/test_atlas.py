@@ -1,0 +1,156 @@
+"""Sessions that keep an atlas (models/atlas.py) in the chunk loop: the world plays as without one
+until a place comes back into view, then draws the tiles it showed there; the atlas moves only in
+a commit, so a cancelled chunk leaves it as it was and a pipelined chunk that loses the chunk below
+it runs again on the committed one; a fork shares it and a reset starts a new one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from models.registry import from_name, load_world
+from models.tiny_world import WEIGHTS_DIR
+from models.tiny_world.metrics import free_worlds
+from models.world import Conditioning, World
+from runtime.engine import Engine
+from runtime.requests import ChunkCancelled, ChunkRequest
+from tests.runtime.conftest import committed, keys, run_chunk, small_world
+
+OUT, BACK = "d" * 8, "a" * 8  # 32 px right (the tiles on the left leave the window), then back
+
+
+def with_atlas(world: World, tiles: int) -> World:
+    """`world` (its DiT, decoder and gate) with sessions that keep an atlas `tiles` across (0: none)."""
+    return World(
+        replace(world.config, atlas_tiles=tiles),
+        world.transformer,
+        world.decoder,
+        start_image=world._start_image,
+        gate=world.gate,
+    )
+
+
+@pytest.fixture(scope="module")
+def mapped() -> World:
+    world = from_name("tiny-world")
+    assert world.remembers  # the shipped world keeps an atlas
+    return world
+
+
+@pytest.fixture(scope="module")
+def plain(mapped: World) -> World:
+    return with_atlas(mapped, 0)
+
+
+@pytest.fixture(scope="module")
+def seed() -> int:
+    return free_worlds(1, 48, 1_060_000, keys="da")[0]
+
+
+def play(world: World, seed: int, script: str) -> tuple[Engine, list[np.ndarray]]:
+    engine = Engine({"m": world})
+    start = engine.add_stream("s", "m", Conditioning(seed=seed)).frame
+    return engine, [start[None]] + [committed(engine, "s", keys(k)).frames for k in script]
+
+
+def test_a_world_plays_as_without_an_atlas_until_a_place_comes_back(plain, mapped, seed):
+    _, without = play(plain, seed, OUT + BACK)
+    engine, with_atlas = play(mapped, seed, OUT + BACK)
+    out = len(OUT) + 1
+    assert all(np.array_equal(a, b) for a, b in zip(without[:out], with_atlas[:out], strict=True))
+    # Back on the start's anchor, every tile wholly in view is drawn as the start frame drew it.
+    st, carto = engine.runner.streams["s"].state, mapped.cartographer
+    assert st.atlas.origin.tolist() == [0, 0]
+    pos = carto.phase(st.last_latent[:, 0][None])
+    start, end = with_atlas[0][0], with_atlas[-1][-1]
+    assert torch.equal(pos, carto.phase(mapped.decoder.encode(start[None])[:, 0][None]))
+    x, y = (pos[0] + 2 * carto.s).tolist()
+    whole = carto.whole(pos + 2 * carto.s)[0, 0].repeat_interleave(carto.s, 0).repeat_interleave(carto.s, 1)
+    whole = whole[y : y + 64, x : x + 64].numpy()
+    same = np.abs(end.astype(int) - start).max(axis=-1) <= 24
+    assert whole.sum() >= 49 * 64 and same[whole].mean() > 0.97
+
+
+@pytest.mark.parametrize("boundary", ["denoise:0", "context", "decode", "commit"])
+def test_a_cancelled_chunk_leaves_the_atlas_as_it_was(mapped, seed, boundary):
+    engine, _ = play(mapped, seed, OUT)
+    reference, _ = play(mapped, seed, OUT)
+    st = engine.runner.streams["s"].state
+    before = st.atlas
+
+    def hook(stream_id: str, name: str) -> None:
+        if name == boundary:
+            engine.abort(engine._live)
+
+    engine.runner.boundary_hook = hook
+    outcomes = run_chunk(engine, "s", keys("a"))
+    assert [type(o) for o in outcomes] == [ChunkCancelled]
+    assert st.atlas is before
+    engine.runner.boundary_hook = None
+    for k in BACK:
+        got, expected = committed(engine, "s", keys(k)), committed(reference, "s", keys(k))
+        assert np.array_equal(got.frames, expected.frames)
+
+
+def test_a_pipelined_chunk_on_a_cancelled_one_runs_again_on_the_committed_atlas(seed):
+    def run(pipeline: bool) -> list[tuple]:
+        engine = Engine({"m": from_name("tiny-world")}, pipeline=True)  # its own K/V pool
+        engine.runner.pipeline = pipeline
+        engine.add_stream("s", "m", Conditioning(seed=seed))
+        reqs = [ChunkRequest("s", engine.new_request_id(), actions=keys(k)) for k in OUT + BACK]
+        commits = {"n": 0}
+
+        def hook(stream_id: str, name: str) -> None:
+            if name == "commit":
+                commits["n"] += 1
+                if commits["n"] == len(OUT) + 2:  # the second chunk back
+                    engine.abort([reqs[len(OUT) + 1].request_id])
+
+        engine.runner.boundary_hook = hook
+        todo, outs = list(reqs), []
+        while todo or engine.has_work():
+            while todo and engine.scheduler.queued("s") < 2:  # two ahead: the pipeline overlaps them
+                engine.submit(todo.pop(0))
+            outs += engine.step()
+        return [(type(o).__name__, o.chunk, getattr(o, "frames", None)) for o in outs]
+
+    serial, piped = run(False), run(True)
+    assert [o[:2] for o in piped] == [o[:2] for o in serial]
+    assert ("ChunkCancelled", len(OUT) + 2) in [o[:2] for o in piped]
+    for a, b in zip(piped, serial, strict=True):
+        if a[2] is not None:
+            assert np.abs(a[2].astype(int) - b[2]).max() <= 1
+
+
+def test_a_fork_shares_the_atlas_and_a_reset_starts_a_new_one(mapped, seed):
+    engine, _ = play(mapped, seed, OUT)
+    src = engine.runner.streams["s"].state
+    engine.fork_stream("s", "f")
+    assert engine.runner.streams["f"].state.atlas is src.atlas
+    kept = src.atlas
+    committed(engine, "f", keys("a"))
+    assert src.atlas is kept and engine.runner.streams["f"].state.atlas is not kept
+    engine.reset_stream("s", Conditioning(seed=seed + 1))
+    fresh = engine.runner.streams["s"].state.atlas
+    assert fresh is not kept and fresh.origin.tolist() == [0, 0]
+
+
+def test_an_atlas_needs_tile_aligned_latents():
+    w = small_world()
+    with pytest.raises(ValueError, match="tile-aligned"):
+        World(replace(w.config, atlas_tiles=64), w.transformer, w.decoder)
+
+
+def test_a_model_directory_asking_for_an_atlas_needs_a_gate_that_plans(tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(WEIGHTS_DIR, model)
+    meta = json.loads((model / "worldserve.json").read_text())
+    del meta["gate"]
+    (model / "worldserve.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="atlas_tiles needs a key gate"):
+        load_world(model)
