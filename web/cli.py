@@ -221,7 +221,8 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool, threads: i
         "--compile",
         default="off",
         choices=["off", "inductor", "graphs"],
-        help="torch.compile the chunk forwards, one graph per batch bucket; graphs: plus CUDA graphs "
+        help="torch.compile the chunk forwards, one graph per batch bucket; graphs: plus CUDA graphs; "
+        "meant for CUDA (on a small CPU the compiled tiny world ran slower than eager) "
         "(default: %(default)s)",
     )
 
