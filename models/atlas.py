@@ -64,6 +64,7 @@ class Cartographer:
 
     @property
     def std(self) -> torch.Tensor:
+        """(C, 1, 1) the latents' scale (as `mean`)."""
         return self.ae.latents_std[:, 0]
 
     def phase(self, z: torch.Tensor) -> torch.Tensor:
