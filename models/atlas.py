@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.fast_decoder import FastAutoencoder, read_phase
+from models.fast_decoder import FastAutoencoder
 
 EMPTY = -(2**62)  # the tag of a slot that holds nothing
 
@@ -55,7 +55,6 @@ class Cartographer:
             raise ValueError(f"an atlas of {tiles} tiles is smaller than a latent frame's {cfg.canvas_cells}")
         self.ae, self.tiles = ae, tiles
         self.k, self.s, self.g, self.size = cfg.cell_channels, cfg.spatial, cfg.canvas_cells, cfg.frame_size
-        self.ph = cfg.phase_slice
 
     @property
     def mean(self) -> torch.Tensor:
@@ -69,15 +68,14 @@ class Cartographer:
 
     def phase(self, z: torch.Tensor) -> torch.Tensor:
         """Normalised latent frames (N, C, h, w) -> where each view lies on its canvas (N, 2) long
-        (x, y) px in [-s/2, 3s/2), as the decoder reads it."""
-        raw = z[:, self.ph].to(self.std.dtype) * self.std[self.ph] + self.mean[self.ph]
-        return read_phase(raw, self.s)
+        (`FastAutoencoder.read_phases`)."""
+        return self.ae.read_phases(z.to(self.std.dtype))
 
     @torch.no_grad()
     def moves(self, x0: torch.Tensor) -> torch.Tensor:
         """Generated chunks (B, C, n, h, w), before `canonical` -> the tiles (B, 2) each one's anchor
-        moves as `canonical` re-anchors it on its last frame."""
-        return torch.div(self.phase(x0[:, :, -1]), self.s, rounding_mode="floor")
+        moves (`FastAutoencoder.anchor_moves`)."""
+        return self.ae.anchor_moves(x0.to(self.std.dtype))
 
     @torch.no_grad()
     def start(self, z: torch.Tensor) -> Atlas:

@@ -607,9 +607,8 @@ class FastAutoencoder(nn.Module):
         k, s, ph, sp = cfg.cell_channels, cfg.spatial, cfg.phase_slice, cfg.sprite_slice
         mean, std = self.latents_mean[:, 0], self.latents_std[:, 0]  # (C, 1, 1)
         flat = z.transpose(1, 2).reshape(b * n, -1, h, w)
-        phase = read_phase(flat[:, ph] * std[ph] + mean[ph], s)  # (B*n, 2)
-        d = torch.div(phase.view(b, n, 2)[:, -1], s, rounding_mode="floor")  # (B, 2) tiles moved
-        d = d.repeat_interleave(n, dim=0)
+        phase = self.read_phases(flat)  # (B*n, 2)
+        d = self.anchor_moves(z).repeat_interleave(n, dim=0)
         fill = (self.fill_cell() - mean[:k]) / std[:k]
         cells = shift_cells(flat[:, :k], d, fill)
         if cfg.palette:
@@ -621,6 +620,17 @@ class FastAutoencoder(nn.Module):
             raw = sprite_channels(centre, state, cfg.frame_size, (h, w)).to(z.dtype)
             parts.append((raw - mean[sp]) / std[sp])
         return torch.cat(parts, dim=1).view(b, n, -1, h, w).transpose(1, 2)
+
+    def read_phases(self, z: torch.Tensor) -> torch.Tensor:
+        """Normalised latent frames (N, C, h, w) -> where each view lies on its canvas (N, 2) long
+        (x, y) px in [-s/2, 3s/2), as the decoder reads it (`read_phase`)."""
+        ph = self.cfg.phase_slice
+        return read_phase(z[:, ph] * self.latents_std[ph, 0] + self.latents_mean[ph, 0], self.cfg.spatial)
+
+    def anchor_moves(self, z: torch.Tensor) -> torch.Tensor:
+        """Generated chunks (B, C, n, h, w) -> the tiles (B, 2) `canonical` moves each one's anchor:
+        onto its last frame's, whole tiles of that frame's phase."""
+        return torch.div(self.read_phases(z[:, :, -1]), self.cfg.spatial, rounding_mode="floor")
 
     def snap_cells(self, cells: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Raw cells (N, k, g, g) of canvases whose view's top-left corner lies at `pos` (N, 2) ->

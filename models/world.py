@@ -35,9 +35,9 @@ import torch
 
 from models.actions import ActionSpace, FrameLayout
 from models.atlas import Atlas, Cartographer
-from models.causal_wan import CausalWan, marker_inputs, marker_motion
+from models.causal_wan import CausalWan, marker_inputs
 from models.i2v import ImageConditioner
-from models.key_gate import KeyGate
+from models.key_gate import KeyGate, read_motion
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry, pin
 from models.vae import DecoderCache, StreamingDecoder, decode_batch
@@ -603,10 +603,10 @@ class World:
         if self.cartographer is None or not any(atlases):
             return out, pins
         carto = self.cartographer
-        phases = marker_motion(plan, self.gate.cfg.marker)[0].round().long()  # (k, 2, n)
-        shape = (actions.shape[0], 1, plan.shape[2], *self.latent_shape[1:])
-        cells = torch.zeros(shape, dtype=self.dtype, device=self.device).repeat(1, carto.k, 1, 1, 1)
-        cell_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        phases = read_motion(plan, self.gate.cfg.marker)[0].long()  # (k, 2, n) px
+        b, n, hw = actions.shape[0], plan.shape[2], self.latent_shape[1:]
+        cells = torch.zeros(b, carto.k, n, *hw, dtype=self.dtype, device=self.device)
+        cell_mask = torch.zeros(b, 1, n, *hw, dtype=torch.bool, device=self.device)
         for j, i in enumerate(rows):
             if i < len(atlases) and atlases[i] is not None:
                 cells[i], cell_mask[i] = carto.recall(atlases[i], last[i], phases[j])
