@@ -163,6 +163,15 @@ class KeyGate(nn.Module):
         return out
 
     @torch.no_grad()
+    def steer(self, actions: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A chunk's action rows (B, n, ..., width) from the latest latent frames z (B, C, h, w):
+        the rows with every blocked key released (`gate`) and, with `view`, the chunk's planned
+        motion (`plan`; None without): one pass of the convolutions (`rooms`)."""
+        free, scroll = self.rooms(z)
+        gated = self.gate(actions, free)
+        return gated, None if scroll is None else self.plan(gated, scroll, z)
+
+    @torch.no_grad()
     def plan(self, actions: torch.Tensor, scroll: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """The chunk's motion as pinned latents: (B, 6, n) normalised values of the marker's
         channels (`marker_inputs`: the view's 4 phase channels, then the player's 2 place

@@ -588,13 +588,11 @@ class World:
         if self.gate is None or actions is None or not rows:
             return actions, None
         z = torch.stack([last[i][:, -1] for i in rows]).to(self.device, self.dtype)  # (k, C, h, w)
-        free, scroll = self.gate.rooms(z)
-        gated = self.gate.gate(actions[rows], free)
+        gated, plan = self.gate.steer(actions[rows], z)  # plan: (k, 6, n)
         out = actions.clone()
         out[rows] = gated.to(actions.dtype)
-        if scroll is None:
+        if plan is None:
             return out, None
-        plan = self.gate.plan(gated, scroll, z)  # (k, 6, n)
         values = plan.new_zeros(actions.shape[0], *plan.shape[1:])
         values[rows] = plan
         mask = torch.zeros(actions.shape[0], dtype=torch.bool)

@@ -771,9 +771,7 @@ def rollout_history(
                 last = out[:, :, s - 1 : s]  # the history's latest frame, for the carried channels
                 planned = None
                 if gate is not None:
-                    free, scroll = gate.rooms(last[:, :, 0])
-                    acts = gate.gate(acts, free)
-                    planned = None if scroll is None else gate.plan(acts, scroll, last[:, :, 0])
+                    acts, planned = gate.steer(acts, last[:, :, 0])
 
                 def draw(step: int, j: int = j, last: torch.Tensor = last) -> torch.Tensor:
                     return carry(noise(j, step), last, carry_channels)
