@@ -11,6 +11,16 @@ draws the chunk around them (`World.steer` pins them as it pins the plan). Tiles
 invented as before, and tiles in the latest frame are left to the DiT (its history holds them,
 and a creature may walk over them).
 
+The world's edge: in a world that is a square of `world_tiles` tiles ringed by wall (the game's),
+the camera stops at the edge and the player walks off the view's centre, so a committed frame whose
+player stands off the centre along an axis, in a view on the tile grid, shows where the world ends
+on that axis: the view's border on the player's side, and the other end `world_tiles` tiles
+further. The atlas keeps those bounds (`Atlas.bounds`); from then on the plan's camera stops
+exactly there (`Cartographer.rooms`, in place of the gate's view head) and the border's wall tiles
+are pinned like remembered ones (`recall`). Before, a border the model had shown and walked away
+from came back where the model's view head happened to see one, so the camera stopped elsewhere
+(issue 11: the player at the border).
+
 Bounded: `tiles` x `tiles` slots; the tile at (x, y) (in tiles from the start frame's anchor)
 lives in slot (y mod tiles, x mod tiles), tagged with (x, y), and a newer tile overwrites an older
 one in its slot, so the atlas holds at least the `tiles` x `tiles` tiles around the latest view
@@ -23,8 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from models.fast_decoder import FastAutoencoder
+from models.fast_decoder import FastAutoencoder, read_sprite
 
 EMPTY = -(2**62)  # the tag of a slot that holds nothing
 
@@ -36,18 +47,30 @@ class Atlas:
     cells: torch.Tensor  # (k, N, N) normalised cell latents: slot [y mod N, x mod N] holds tile (x, y)
     tags: torch.Tensor  # (2, N, N) long: the tile (x, y) in each slot, EMPTY where none
     origin: torch.Tensor  # (2,) long: the tile (x, y) under canvas cell (0, 0) of the latest frame
+    # (2, 2) long: per axis (x, y), the lowest and highest place of the view's top-left corner in
+    # px on the tile grid (tile t spans [t s, (t + 1) s)), once the world's edge was seen; EMPTY before.
+    bounds: torch.Tensor
 
     @property
     def nbytes(self) -> int:
         """Bytes the version holds."""
-        return sum(t.numel() * t.element_size() for t in (self.cells, self.tags, self.origin))
+        return sum(t.numel() * t.element_size() for t in (self.cells, self.tags, self.origin, self.bounds))
 
 
 class Cartographer:
     """Writes and reads the atlases of one world's tile-aligned autoencoder. Latents in and out
     are normalised, as the DiT sees them; the autoencoder runs in its own dtype."""
 
-    def __init__(self, ae: FastAutoencoder, tiles: int) -> None:
+    def __init__(
+        self,
+        ae: FastAutoencoder,
+        tiles: int,
+        world_tiles: int = 0,
+        wall: tuple[tuple[int, int, int], ...] = (),
+    ) -> None:
+        """`world_tiles` > 0: the world is a square of that many tiles whose outer ring is wall,
+        each tile in one of the colours `wall` (RGB 0-255), and sessions learn its bounds
+        (`Atlas.bounds`); 0: unknown."""
         cfg = ae.cfg
         if not cfg.frame_size:
             raise ValueError("an atlas needs tile-aligned latents (FastAEConfig.frame_size)")
@@ -55,6 +78,16 @@ class Cartographer:
             raise ValueError(f"an atlas of {tiles} tiles is smaller than a latent frame's {cfg.canvas_cells}")
         self.ae, self.tiles = ae, tiles
         self.k, self.s, self.g, self.size = cfg.cell_channels, cfg.spatial, cfg.canvas_cells, cfg.frame_size
+        if world_tiles:
+            if world_tiles * self.s < self.size:
+                raise ValueError(f"a world of {world_tiles} tiles is narrower than the {self.size}-px view")
+            if not cfg.sprite:
+                raise ValueError("world bounds need the player's place in the latents (FastAEConfig.sprite)")
+            if not wall or any(len(c) != 3 for c in wall):
+                raise ValueError(f"world bounds need the border wall's RGB colours, not {list(wall)}")
+        # How far the camera travels across the world, px (0: the world's size is unknown).
+        self.span = world_tiles * self.s - self.size if world_tiles else 0
+        self.wall = tuple(tuple(c) for c in wall)
 
     @property
     def mean(self) -> torch.Tensor:
@@ -85,13 +118,15 @@ class Cartographer:
             cells=z.new_zeros(self.k, n, n),
             tags=torch.full((2, n, n), EMPTY, dtype=torch.long, device=z.device),
             origin=torch.zeros(2, dtype=torch.long, device=z.device),
+            bounds=torch.full((2, 2), EMPTY, dtype=torch.long, device=z.device),
         )
         return self.write(empty, torch.zeros_like(empty.origin), z)
 
     @torch.no_grad()
     def write(self, atlas: Atlas, moved: torch.Tensor, z: torch.Tensor) -> Atlas:
         """The atlas after a chunk: its anchor `moved` (2,) tiles (`moves`) and its last frame `z`
-        (C, 1, h, w) in canonical form, whose flat tiles wholly in view are remembered."""
+        (C, 1, h, w) in canonical form, whose flat tiles wholly in view are remembered (and the
+        world's bounds, where that frame shows them first: `bound`)."""
         origin = atlas.origin + moved.to(atlas.origin.device)
         frame = z[:, 0][None]  # (1, C, h, w)
         pos = self.phase(frame) + 2 * self.s  # the view's top-left corner on the canvas
@@ -103,7 +138,62 @@ class Cartographer:
         # A frame's g x g tiles fall in distinct slots (tiles >= g), so one indexed write suffices.
         cells[:, sy, sx] = torch.where(keep, frame[0, : self.k].to(cells.dtype), cells[:, sy, sx])
         tags[:, sy, sx] = torch.where(keep, tiles, tags[:, sy, sx])
-        return Atlas(cells, tags, origin)
+        return Atlas(cells, tags, origin, self.bound(atlas.bounds, origin * self.s + pos[0], frame))
+
+    def bound(self, bounds: torch.Tensor, view: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
+        """`bounds` after a frame (1, C, h, w) whose view's top-left corner lies at `view` (2,) px
+        on the tile grid: along an axis still unbounded where the frame's player stands off the
+        view's centre and the view lies on the tile grid, the camera has stopped at the world's
+        edge on the player's side (the game's rule, which the plan keeps), and the far edge is
+        `span` px away. Tensor ops only: no host sync in the commit."""
+        if not self.span:
+            return bounds
+        sp = self.ae.cfg.sprite_slice
+        raw = frame[:, sp].to(self.std.dtype) * self.std[sp] + self.mean[sp]
+        off = read_sprite(raw, self.size)[0][0] - self.size // 2  # (2,) the player's px from the centre
+        low = torch.where(off < 0, view, view - self.span)
+        seen = (off != 0) & (view % self.s == 0) & (bounds[:, 0] == EMPTY)
+        return torch.where(seen[:, None], torch.stack([low, low + self.span], dim=1), bounds)
+
+    def view_of(self, atlas: Atlas, last: torch.Tensor) -> torch.Tensor:
+        """(2,) px on the tile grid: the top-left corner of the view of the session's latest frame
+        `last` (C, 1, h, w) (the frame `atlas` was last written from)."""
+        return atlas.origin * self.s + self.phase(last[:, 0][None])[0] + 2 * self.s
+
+    @torch.no_grad()
+    def rooms(self, atlas: Atlas, last: torch.Tensor) -> torch.Tensor:
+        """(2, 2) long: per axis (x, y), how many px the view of the latest frame `last` can still
+        move toward its lower and its higher end before the camera stops at the world's edge;
+        -1 along an axis whose bounds are not known yet."""
+        view = self.view_of(atlas, last)
+        room = torch.stack([view - atlas.bounds[:, 0], atlas.bounds[:, 1] - view], dim=1).clamp(min=0)
+        return torch.where((atlas.bounds[:, :1] != EMPTY), room, -1)
+
+    def border(self, bounds: torch.Tensor, tiles: torch.Tensor) -> torch.Tensor:
+        """(g, g) bool: which of `tiles` (2, g, g) (`slots`) lie on the world's border ring as far
+        as `bounds` tell (an axis' two outermost tile lines, within the other axis' bounds where
+        those are known)."""
+        known = (bounds[:, 0] != EMPTY)[:, None, None]
+        first = torch.div(bounds[:, 0], self.s, rounding_mode="floor")[:, None, None]
+        last = torch.div(bounds[:, 1] + self.size, self.s, rounding_mode="floor")[:, None, None] - 1
+        inside = ~known | ((tiles >= first) & (tiles <= last))
+        ring = known & ((tiles == first) | (tiles == last))
+        return (ring[0] & inside[1]) | (ring[1] & inside[0])
+
+    @torch.no_grad()
+    def wall_code(self) -> torch.Tensor:
+        """(len(wall), k) the normalised cell latents of a border wall tile wholly in view, one per
+        colour (the codec is per cell: one cell's canvas each is enough)."""
+        colour = torch.tensor(self.wall, dtype=self.std.dtype, device=self.std.device) / 127.5 - 1
+        pixels = colour[:, :, None, None].expand(-1, 3, self.s, self.s)
+        raw = self.ae.encode_seen(pixels, torch.ones_like(pixels[:, :1]))[:, :, 0, 0]
+        return (raw - self.mean[: self.k, 0, 0]) / self.std[: self.k, 0, 0]
+
+    def wall_tiles(self, tiles: torch.Tensor) -> torch.Tensor:
+        """(k, g, g) the wall code of each of `tiles` (2, g, g): the game draws each wall tile in
+        one of its colours at random, so a tile's colour here is a fixed hash of its place."""
+        shade = torch.remainder((tiles[0] * 73856093) ^ (tiles[1] * 19349663), len(self.wall))
+        return self.wall_code()[shade].permute(2, 0, 1)
 
     @torch.no_grad()
     def recall(
@@ -113,21 +203,28 @@ class Cartographer:
         (C, 1, h, w), whose frames lie at `phases` (2, n) px on that canvas: the normalised cell
         channels (k, n, h, w) as the encoder writes them for each frame's view, and where they hold
         (1, n, h, w) bool: remembered tiles in that frame's view that the latest frame does not
-        show wholly."""
+        show wholly. A tile on the world's border (`border`) that was neither remembered nor
+        begun by the latest frame (whose shade the DiT goes on drawing) is the border's wall."""
         n = phases.shape[1]
         tiles, sy, sx = self.slots(atlas.origin)
         known = (atlas.tags[:, sy, sx] == tiles).all(dim=0)  # (g, g)
-        shown = self.whole(self.phase(last[:, 0][None]) + 2 * self.s)[0, 0]
+        kept = atlas.cells[:, sy, sx].to(self.std.dtype)  # (k, g, g) normalised
+        latest = self.phase(last[:, 0][None]) + 2 * self.s
+        shown = self.whole(latest)[0, 0]
+        if self.span:
+            begun = F.max_pool2d(self.ae.view_cover(latest, self.g), self.s)[0, 0] > 0
+            ring = self.border(atlas.bounds, tiles) & ~known & ~begun
+            kept = torch.where(ring, self.wall_tiles(tiles), kept)
+            known = known | ring
         pos = phases.t().to(torch.long) + 2 * self.s  # (n, 2)
         cover = self.ae.view_cover(pos, self.g)  # (n, 1, S, S)
-        kept = atlas.cells[:, sy, sx].to(self.std.dtype)  # (k, g, g) normalised
         raw = kept * self.std[: self.k] + self.mean[: self.k]
         pixels = self.ae.decoder(raw[None]).clamp(-1, 1).expand(n, -1, -1, -1)
         seen = (self.ae.encode_seen(pixels, cover) - self.mean[: self.k]) / self.std[: self.k]
         # A tile wholly in view is the remembered code itself; one the view cuts is re-encoded as
         # the encoder writes a cut tile.
         values = torch.where(self.whole(pos), kept[None], seen)  # (n, k, g, g)
-        in_view = torch.nn.functional.max_pool2d(cover, self.s) > 0  # (n, 1, g, g)
+        in_view = F.max_pool2d(cover, self.s) > 0  # (n, 1, g, g)
         mask = in_view & known & ~shown
         return values.transpose(0, 1).to(last.dtype), mask.transpose(0, 1)
 

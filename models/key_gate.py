@@ -163,11 +163,17 @@ class KeyGate(nn.Module):
         return out
 
     @torch.no_grad()
-    def steer(self, actions: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def steer(
+        self, actions: torch.Tensor, z: torch.Tensor, known: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A chunk's action rows (B, n, ..., width) from the latest latent frames z (B, C, h, w):
         the rows with every blocked key released (`gate`) and, with `view`, the chunk's planned
-        motion (`plan`; None without): one pass of the convolutions (`rooms`)."""
+        motion (`plan`; None without): one pass of the convolutions (`rooms`). `known` (B, moves)
+        long: frames the view can still scroll per key where the session knows the world's edge
+        (`Cartographer.rooms`), used in place of the view head's guess; -1 where it does not."""
         free, scroll = self.rooms(z)
+        if scroll is not None and known is not None:
+            scroll = torch.where(known >= 0, known.clamp(max=self.cfg.horizon), scroll)
         gated = self.gate(actions, free)
         return gated, None if scroll is None else self.plan(gated, scroll, z)
 

@@ -96,6 +96,11 @@ class WorldConfig:
     # remembered ones when they come back into view (models/atlas.py; tile-aligned latents and a
     # key gate that plans the view's motion). 0: terrain out of the window is invented anew.
     atlas_tiles: int = 0
+    # > 0 with an atlas: the world is a square this many tiles across ringed by wall, each tile in
+    # one of the colours `wall_rgb`, so a session that sees its camera stop at an edge knows where
+    # the world ends and keeps it (models/atlas.py, `Atlas.bounds`). 0: the world's size is unknown.
+    world_tiles: int = 0
+    wall_rgb: tuple[tuple[int, int, int], ...] = ()
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -110,6 +115,8 @@ class WorldConfig:
             sched["steps"] = tuple(sched["steps"])
         if "carry_channels" in data:
             data["carry_channels"] = tuple(data["carry_channels"])
+        if "wall_rgb" in data:
+            data["wall_rgb"] = tuple(tuple(c) for c in data["wall_rgb"])
         return cls(schedule=FlowSchedule(**sched), **data)
 
 
@@ -234,7 +241,7 @@ class World:
             ae = getattr(decoder, "ae", None)
             if ae is None or not ae.cfg.frame_size:
                 raise ValueError("atlas_tiles needs a decoder on tile-aligned latents")
-            self.cartographer = Cartographer(ae, config.atlas_tiles)
+            self.cartographer = Cartographer(ae, config.atlas_tiles, config.world_tiles, config.wall_rgb)
 
     def set_gate(self, gate: KeyGate) -> None:
         """Give the world a key gate (`steer`), on its device and dtype."""
@@ -588,7 +595,11 @@ class World:
         if self.gate is None or actions is None or not rows:
             return actions, None
         z = torch.stack([last[i][:, -1] for i in rows]).to(self.device, self.dtype)  # (k, C, h, w)
-        gated, plan = self.gate.steer(actions[rows], z)  # plan: (k, 6, n)
+        carto = self.cartographer if self.gate.cfg.view and any(atlases) else None
+        scroll = None
+        if carto is not None and carto.span:
+            scroll = torch.stack([self._edge_rooms(atlases, last, i) for i in rows])
+        gated, plan = self.gate.steer(actions[rows], z, scroll)  # plan: (k, 6, n)
         out = actions.clone()
         out[rows] = gated.to(actions.dtype)
         if plan is None:
@@ -598,9 +609,8 @@ class World:
         mask = torch.zeros(actions.shape[0], dtype=torch.bool)
         mask[rows] = True
         pins = Pins(marker_inputs(self.gate.cfg.marker), values.to(self.dtype), mask.to(self.device))
-        if self.cartographer is None or not any(atlases):
+        if carto is None:
             return out, pins
-        carto = self.cartographer
         phases = read_motion(plan, self.gate.cfg.marker)[0].long()  # (k, 2, n) px
         b, n, hw = actions.shape[0], plan.shape[2], self.latent_shape[1:]
         cells = torch.zeros(b, carto.k, n, *hw, dtype=self.dtype, device=self.device)
@@ -609,6 +619,20 @@ class World:
             if i < len(atlases) and atlases[i] is not None:
                 cells[i], cell_mask[i] = carto.recall(atlases[i], last[i], phases[j])
         return out, replace(pins, cells=cells, cell_mask=cell_mask)
+
+    def _edge_rooms(
+        self, atlases: Sequence[Atlas | None], last: Sequence[torch.Tensor | None], i: int
+    ) -> torch.Tensor:
+        """(moves,) long: per movement key of the gate, the frames entry i's view can still scroll
+        that way before the world's edge its atlas knows (`Cartographer.rooms`), -1 where none."""
+        assert self.gate is not None and self.cartographer is not None
+        moves = self.gate.cfg.moves
+        atlas = atlases[i] if i < len(atlases) else None
+        if atlas is None:
+            return torch.full((len(moves),), -1, dtype=torch.long, device=self.device)
+        px = self.cartographer.rooms(atlas, last[i])  # (2, 2)
+        room = torch.stack([px[axis, int(sign > 0)] for _, axis, sign in moves])
+        return torch.where(room < 0, -1, torch.div(room, self.gate.cfg.step, rounding_mode="floor"))
 
     @staticmethod
     def pin(x: torch.Tensor, pins: Pins | None) -> torch.Tensor:

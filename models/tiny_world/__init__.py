@@ -143,7 +143,9 @@ def world_config(carry: tuple[int, ...] = (), atlas: int = 0) -> WorldConfig:
     """Serving settings of the shipped world. `carry`: the latent channels the sampler starts from
     the history's latest frame (`WorldConfig.carry_channels`; `carried_channels()`), for a DiT
     trained so (`--sf-place-start`, `--sf-view-start`); `atlas`: `WorldConfig.atlas_tiles`
-    (`atlas_tiles()`)."""
+    (`atlas_tiles()`), with the game's world size and border wall colours (its sessions learn
+    where the world ends, `Atlas.bounds`)."""
+    game = GameConfig()
     return WorldConfig(
         id=NAME,
         fps=float(FPS),
@@ -155,6 +157,8 @@ def world_config(carry: tuple[int, ...] = (), atlas: int = 0) -> WorldConfig:
         description="tiny causal Wan trained on the built-in game (WASD + space), from the seed's world",
         carry_channels=tuple(carry),
         atlas_tiles=atlas,
+        world_tiles=game.world_tiles if atlas else 0,
+        wall_rgb=tuple(tuple(c) for c in game.palette.wall) if atlas else (),
     )
 
 

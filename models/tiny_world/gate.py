@@ -30,7 +30,7 @@ from models.causal_wan import marker_inputs
 from models.fast_decoder import SPRITE_SCALE, FastAutoencoder
 from models.game import GameConfig, generate_world
 from models.key_gate import KeyGate, KeyGateConfig, read_motion
-from models.tiny_world import atlas_tiles, marker_config
+from models.tiny_world import atlas_tiles, marker_config, world_config
 from models.tiny_world.data import KEYS
 from models.tiny_world.metrics import KEY_AXES
 
@@ -318,7 +318,8 @@ def add_gate(model: Path, out: Path | None, work: Path | None, seed: int, progre
         trainer.train_gate()
         save_gate(trainer.gate, target)
         meta = json.loads((target / "worldserve.json").read_text())
-        meta["world"]["atlas_tiles"] = atlas_tiles(trainer.gate)  # served as the recipe exports it
+        served = world_config(atlas=atlas_tiles(trainer.gate)).to_dict()  # as the recipe exports it
+        meta["world"].update({k: served[k] for k in ("atlas_tiles", "world_tiles", "wall_rgb")})
         (target / "worldserve.json").write_text(json.dumps(meta, indent=2))
         record = json.loads(trainer.log_path.read_text().splitlines()[-1])
     finally:

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from models.atlas import EMPTY
+from models.game import simulate
 from models.registry import from_name, load_world
 from models.tiny_world import WEIGHTS_DIR
-from models.tiny_world.metrics import free_worlds
+from models.tiny_world.metrics import free_worlds, player_centroid
 from models.world import Conditioning, World
 from runtime.engine import Engine
 from runtime.requests import ChunkCancelled, ChunkRequest
@@ -138,6 +140,36 @@ def test_a_fork_shares_the_atlas_and_a_reset_starts_a_new_one(mapped, seed):
     engine.reset_stream("s", Conditioning(seed=seed + 1))
     fresh = engine.runner.streams["s"].state.atlas
     assert fresh is not kept and fresh.origin.tolist() == [0, 0]
+
+
+def edge_walk(script: str, first: int = 1_070_000) -> int:
+    """The first held-out world from `first` whose start view lies at the world's left edge and
+    where every frame of `script` (one key a frame) moves the game's player: no wall on the way."""
+    acts = [frozenset(k) for k in script]
+    seed = first
+    while True:
+        sim = simulate(seed, acts)
+        steps = np.abs(np.diff(sim.player_world_pos, axis=0)).sum(axis=1)
+        if sim.player_pos[0][0] < 32 and np.all(steps == 1):
+            return seed
+        seed += 1
+
+
+def test_the_camera_stops_at_the_world_edge_the_session_has_seen(mapped):
+    # From the world's left edge: 32 frames right (the player walks to the centre, then the view
+    # scrolls), 32 down (the border's lower tiles were never shown), 32 left. The game's camera
+    # stops at the edge and the player walks on off the centre; so must the session's.
+    script = "d" * 8 + "s" * 8 + "a" * 8
+    seed = edge_walk("".join(k * 4 for k in script))
+    sim = simulate(seed, [frozenset(k) for k in "".join(k * 4 for k in script)])
+    engine, frames = play(mapped, seed, script)
+    back = np.concatenate(frames[-8:])  # the walk left, frames 65..96
+    model = np.array([player_centroid(f) for f in back])
+    game = sim.player_pos[65:]
+    assert game[-1][0] < 32  # the game's player ends off the centre, at the edge's side
+    assert np.abs(model - game).max() <= 0.5
+    atlas = engine.runner.streams["s"].state.atlas
+    assert (atlas.bounds[0] != EMPTY).all() and (atlas.bounds[1] == EMPTY).all()  # x learned at the start
 
 
 def test_an_atlas_needs_tile_aligned_latents():
