@@ -1,8 +1,9 @@
 """Engine overhead: a chunk through Engine + Session vs the bare model loop, in one run.
 
 The bare loop calls the world's four contract functions directly (denoise K times, context,
-decode, advance the counters by hand) with no transaction, scheduler, thread or session. The
-served path is a lockstep session: `Session.step` -> EngineThread -> scheduler -> runner ->
+decode, advance the counters by hand) with no transaction, scheduler or session, as one call
+on the engine thread (so both sides run on its torch threads, `EngineThread`). The served path
+is a lockstep session: `Session.step` -> EngineThread -> scheduler -> runner ->
 transaction commit -> FramesEvent back on the event loop. Both run the same chunks on the same
 world; measurements alternate in blocks so background load hits both alike.
 
@@ -91,19 +92,19 @@ def wan_kv_bytes(shape: str) -> int:
 
 
 async def main_async(args: argparse.Namespace) -> dict:
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(1)  # torch runs on the engine thread alone (`EngineThread`), both loops too
     world = from_name(args.model)
     engine = Engine({args.model: world}, max_batch=1)
-    et = EngineThread(engine, asyncio.get_running_loop())
+    et = EngineThread(engine, asyncio.get_running_loop(), threads=args.threads)
     et.start()
     manager = SessionManager(et, default_model=args.model)
     bare: list[float] = []
     serve: list[float] = []
     try:
-        bare_loop(world, 2, seed=99)  # warm-up
+        await et.call(bare_loop, world, 2, 99)  # warm-up
         await served(manager, 2, seed=99)
         for r in range(args.rounds):
-            bare += bare_loop(world, args.chunks, seed=r)[1:]  # the first chunk is shorter
+            bare += (await et.call(bare_loop, world, args.chunks, r))[1:]  # the first chunk is shorter
             serve += (await served(manager, args.chunks, seed=r))[1:]
     finally:
         await manager.shutdown()

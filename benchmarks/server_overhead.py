@@ -206,7 +206,7 @@ async def measure(args: argparse.Namespace, url: str, server_pid: int) -> dict:
     ratio compares two runs under the same background load."""
     world = from_name(args.model)
     model = world.spec.id
-    runtime = Runtime.start({model: world})
+    runtime = Runtime.start({model: world}, threads=args.threads)
     codecs = args.codecs
     names = ["inproc", *codecs]
     rates: dict[str, list[float]] = {n: [] for n in names}
@@ -273,7 +273,7 @@ def main() -> None:
     parser.add_argument("--codecs", nargs="+", default=list(CODECS), choices=CODECS, help="websocket codecs")
     parser.add_argument("--out", type=Path, default=RESULTS / "server_overhead.json")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(1)  # the engine thread runs on --threads (`EngineThread`), as the server's does
 
     proc, url = start_server(args.model, args.threads)
     try:

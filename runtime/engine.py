@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import numpy as np
+import torch
 
 from models.actions import FrameAction
 from models.registry import UnknownModelError
@@ -345,7 +346,24 @@ class Engine:
 class EngineThread:
     """Runs an `Engine` on a dedicated thread; asyncio callers get futures."""
 
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, max_inputs: int = 4096) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        loop: asyncio.AbstractEventLoop,
+        max_inputs: int = 4096,
+        threads: int | None = None,
+    ) -> None:
+        """`threads`: torch intra-op threads of the engine thread, set on that thread when it
+        starts (None: the process's setting). Why on it: OpenMP gives every thread that runs a
+        parallel op its own worker team, and while a second team exists on a machine with no spare
+        core libgomp stops its workers spinning between ops, so each of a chunk's thousands of
+        small ops waits for a wake-up (tiny-world, 2 threads on 2 cores: 113-123 ms a chunk with
+        the engine's team alone, 166-262 ms with the main thread's team alive beside it). The
+        process's other threads should stay on one thread (`torch.set_num_threads(1)` before
+        loading), as `worldserve serve` does."""
+        if threads is not None and threads < 1:
+            raise ValueError(f"engine threads must be at least 1, not {threads}")
+        self.threads = threads
         self.engine = engine
         self.loop = loop
         self._inputs: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=max_inputs)
@@ -448,6 +466,8 @@ class EngineThread:
     # -- engine thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         while self._running:
             try:
                 block = not self.engine.has_work()

@@ -57,11 +57,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        threads = getattr(args, "threads", None)
-        if threads is not None:
-            if threads < 1:
-                raise StartupError(f"--threads {threads}: must be at least 1")
-            torch.set_num_threads(threads)
+        if hasattr(args, "threads"):  # serve, generate: the engine thread runs the model
+            if args.threads is not None and args.threads < 1:
+                raise StartupError(f"--threads {args.threads}: must be at least 1")
+            # Only the engine thread runs torch ops on several threads (`EngineThread`: a second
+            # worker team slows every op); this one loads the worlds on one.
+            args.engine_threads = args.threads or torch.get_num_threads()
+            torch.set_num_threads(1)
         return args.run(args)
     except StartupError as exc:
         print(f"worldserve: error: {exc}", file=sys.stderr)
@@ -175,10 +177,11 @@ def _limit_args(serve: argparse.ArgumentParser) -> None:
 
 
 def serve_threads() -> int:
-    """`serve`'s torch threads when --threads is not given: every core this process may use but
-    one. Why: the engine thread's torch workers otherwise compete with the event loop and the
-    frame encoders; on 2 cores two torch threads made a lockstep tiny-world chunk take 150 ms
-    through the websocket, one thread 85 ms (benchmarks/server_overhead.py --threads 2 vs 1)."""
+    """`serve`'s torch threads (the engine thread's, `EngineThread`) when --threads is not given:
+    every core this process may use but one, for the event loop and the frame encoders. On 2
+    cores a second torch thread bought a lockstep tiny-world session nothing through the
+    websocket (p50 141-163 ms a chunk against 133-166 with one) and doubled the CPU per chunk
+    (benchmarks/server_overhead.py --threads 2 vs 1, 2026-12-04)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores - 1)
 
@@ -271,6 +274,7 @@ def _serve(args: argparse.Namespace) -> int:
         detach_ttl_s=args.detach_ttl,
         max_batch=args.max_batch,
         overlap_decode={"auto": None, "on": True, "off": False}[args.overlap_decode],
+        engine_threads=args.engine_threads,
         max_connections=args.max_connections,
         sessions_per_connection=args.sessions_per_connection,
         forks_per_connection=args.forks_per_connection,
@@ -354,7 +358,9 @@ def _generate(args: argparse.Namespace) -> int:
     if args.prompt and (problem := world.prompt_problem(args.prompt)) is not None:
         print(f"worldserve: --prompt: {problem}", file=sys.stderr)
         return 2
-    written = asyncio.run(_run_oneshot(worlds, world, args.seed, actions, args.out, args.prompt))
+    written = asyncio.run(
+        _run_oneshot(worlds, world, args.seed, actions, args.out, args.prompt, args.engine_threads)
+    )
     spec = world.spec
     print(
         f"worldserve: wrote {written} frames ({written / spec.fps:.1f} s at {spec.fps:g} fps, "
@@ -370,9 +376,10 @@ async def _run_oneshot(
     actions: list[list[FrameAction]],
     out: Path,
     prompt: str | None = None,
+    threads: int | None = None,
 ) -> int:
     spec = world.spec
-    runtime = Runtime.start(worlds)
+    runtime = Runtime.start(worlds, threads=threads)
     writer = Mp4Writer(out, spec.width, spec.height, spec.fps)
     disk = ThreadPoolExecutor(1, thread_name_prefix="worldserve-mp4")  # one thread: chunks stay in order
     bar = tqdm(total=len(actions), unit="chunk", desc=spec.id)

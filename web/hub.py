@@ -38,6 +38,7 @@ class ServerConfig:
     allow_origins: tuple[str, ...] = ()  # websocket Origins allowed besides same-origin; "*": any
     max_batch: int = 4  # sessions per engine step
     overlap_decode: bool | None = None  # decode on a side stream during the next denoise; None: on CUDA
+    engine_threads: int | None = None  # torch threads of the engine thread; None: the process's
     max_message: int = 1 << 20  # bytes per client message; bigger ones get `too_large`
     outbox_chunks: int = 4  # `frames` messages queued per connection before frames drop
     send_buffer: int = 1 << 18  # kernel send buffer per socket, bytes: frames wait in our queue

@@ -87,6 +87,7 @@ class Server:
             overlap_decode=cfg.overlap_decode,
             detach_ttl_s=cfg.detach_ttl_s,
             debug_hooks=cfg.debug_hooks,
+            threads=cfg.engine_threads,
         )
         manager = self.runtime.manager
         self._pool = ThreadPoolExecutor(cfg.encode_threads, thread_name_prefix="worldserve-encode")

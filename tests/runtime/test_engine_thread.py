@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 
 import pytest
+import torch
 
 from models.world import Conditioning
 from runtime.engine import Engine, EngineThread
@@ -117,3 +118,25 @@ def test_a_cancel_right_after_a_submit_wins_while_another_chunk_runs(world):
             et.stop()
 
     run(main())
+
+
+def test_torch_threads_are_the_engine_threads_own(world):
+    # `threads` is set on the engine thread; the caller's thread keeps its own count (OpenMP's
+    # thread count is per thread), so only the engine runs a team of torch workers.
+    async def main():
+        before = torch.get_num_threads()
+        et = EngineThread(Engine({"tiny": world}), asyncio.get_running_loop(), threads=before + 1)
+        et.start()
+        try:
+            assert await et.call(torch.get_num_threads) == before + 1
+            assert torch.get_num_threads() == before
+        finally:
+            et.stop()
+
+    run(main())
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ValueError, match="at least 1"):
+            EngineThread(Engine({"tiny": world}), loop, threads=0)
+    finally:
+        loop.close()
