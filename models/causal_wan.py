@@ -521,12 +521,17 @@ class CausalWanBlock(nn.Module):
         o = a.to_out[0](o.flatten(2, 3).type_as(q))
         x = (x.float() + o * gate).type_as(x)
 
-        # 2. cross-attention to the session's text (K/V precomputed per session)
-        h = self.norm2(x.float()).type_as(x)
+        # 2. cross-attention to the session's text (K/V precomputed per session). One text token
+        # (a world without prompts): every query reads its V, so no query is computed.
         b2 = self.attn2
-        q = b2.norm_q(b2.to_q(h)).unflatten(2, (self.heads, -1))
-        o = attn.cross_attn(layer, q)
-        x = x + b2.to_out[0](o.flatten(2, 3).type_as(q))
+        o = attn.one_text_value(layer)
+        if o is None:
+            h = self.norm2(x.float()).type_as(x)
+            q = b2.norm_q(b2.to_q(h)).unflatten(2, (self.heads, -1))
+            o = attn.cross_attn(layer, q)
+        else:
+            o = o.expand(-1, x.shape[1], -1, -1)
+        x = x + b2.to_out[0](o.flatten(2, 3).type_as(x))
 
         # 3. actions (on the raw residual stream)
         if self.action is not None and actions is not None:

@@ -221,6 +221,13 @@ class PoolAttention:
         vv = self.pool.tv[layer].index_select(0, rows).to(q.dtype)
         return sdpa(q, kk, vv, self.text_mask)
 
+    def one_text_value(self, layer: int) -> torch.Tensor | None:
+        """Each entry's text V (B, 1, heads, hd) when the rows hold one text token, else None:
+        softmax over one key weighs it 1, so `cross_attn` of any query is that V."""
+        if self.pool.text_tokens != 1:
+            return None
+        return self.pool.tv[layer].index_select(0, self.index.rows)
+
     def motion_attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Temporal attention along frames at every spatial position: q, k, v (B, n*T, heads, hd)."""
         b, nt, heads, hd = q.shape
@@ -271,6 +278,11 @@ class DenseAttention:
     def cross_attn(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Attention to the text tokens."""
         return sdpa(q, self.text_k[layer].to(q.dtype), self.text_v[layer].to(q.dtype))
+
+    def one_text_value(self, layer: int) -> torch.Tensor | None:
+        """The text V (B, 1, heads, hd) when the text is one token, else None (`PoolAttention`'s)."""
+        v = self.text_v[layer]
+        return v if v.shape[1] == 1 else None
 
     def motion_attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Temporal attention along frames under the frame mask."""

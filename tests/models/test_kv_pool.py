@@ -3,16 +3,20 @@ never reads a device value on the host."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.causal_wan import CausalWan
-from models.registry import build_world, tiny_random_configs
+from models.kv_pool import PoolAttention
+from models.registry import build_world, from_name, tiny_random_configs
 from models.world import Conditioning
+from runtime.engine import Engine
 from runtime.kv_cache import KVLayout
 from tests.models.conftest import tiny_actions, tiny_config
+from tests.runtime.conftest import committed, keys
 
 H = W = 8  # latent size: 16 tokens per frame
 TOL = 2e-5  # fp32 CPU: the batched call only changes summation order and adds masked-out keys
@@ -178,3 +182,28 @@ def test_matrix_game_batch_equals_each_session_alone_without_host_sync(make_mode
         batched = model.forward_chunk(xb, tb, index, ab)
     for i in range(3):
         assert (batched[i] - solo[i][0]).abs().max().item() <= TOL, i
+
+
+@torch.no_grad()
+def test_a_one_token_text_is_read_as_its_value(monkeypatch):
+    """Rows holding one text token skip the cross-attention's query and SDPA (softmax over one
+    key weighs it 1): the tiny world's frames are the same bits either way."""
+    read_v = PoolAttention.one_text_value
+    reads: list[bool] = []
+
+    def counted(self, layer):
+        v = read_v(self, layer)
+        reads.append(v is not None)
+        return v
+
+    def play() -> list:
+        engine = Engine({"m": from_name("tiny-world")})
+        engine.add_stream("s", "m", Conditioning(seed=3))
+        return [committed(engine, "s", keys(k)).frames for k in "ddss"]
+
+    monkeypatch.setattr(PoolAttention, "one_text_value", counted)
+    short = play()
+    assert reads and all(reads)  # every block of every forward took the value
+    monkeypatch.setattr(PoolAttention, "one_text_value", lambda self, layer: None)
+    full = play()
+    assert all(np.array_equal(a, b) for a, b in zip(short, full, strict=True))

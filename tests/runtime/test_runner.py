@@ -46,9 +46,11 @@ def step_ops(world, sessions: int) -> int:
     return sum(counter.ops.values())
 
 
-def test_one_step_for_eight_sessions_costs_at_most_a_quarter_more_ops_than_for_one(world):
+def test_one_step_for_eight_sessions_costs_at_most_thirty_percent_more_ops_than_for_one(world):
+    # 1.25 until the blocks stopped computing the cross-attention to a one-token text (400 fewer
+    # shared ops a step here); the per-session rest, about 180 ops each, did not grow.
     one, eight = step_ops(world, 1), step_ops(world, 8)
-    assert eight <= 1.25 * one, (one, eight)
+    assert eight <= 1.3 * one, (one, eight)
 
 
 def test_batched_step_gives_each_session_its_frames_alone(world):
