@@ -89,6 +89,10 @@ class Cartographer:
         self.span = world_tiles * self.s - self.size if world_tiles else 0
         self.wall = tuple(tuple(c) for c in wall)
 
+    def nbytes(self, itemsize: int) -> int:
+        """Bytes of one atlas version whose cell latents take `itemsize` bytes each (`Atlas.nbytes`)."""
+        return self.k * self.tiles**2 * itemsize + (2 * self.tiles**2 + 2 + 4) * 8
+
     @property
     def mean(self) -> torch.Tensor:
         """(C, 1, 1) the latents' normalisation (read each time: weights load after construction)."""

@@ -305,6 +305,15 @@ class World:
         itemsize = torch.empty(0, dtype=self.dtype).element_size()
         return self.transformer.cfg.kv_bytes(self.tokens_per_frame, itemsize, slack_frames=self.slack_frames)
 
+    def session_bytes(self) -> int:
+        """Device bytes one session holds: its pool row and, where sessions remember
+        (`remembers`), two atlas versions (the committed one and a chunk's in flight)."""
+        if not self.remembers:
+            return self.kv_bytes_per_session()
+        assert self.cartographer is not None
+        itemsize = torch.empty(0, dtype=self.dtype).element_size()
+        return self.kv_bytes_per_session() + 2 * self.cartographer.nbytes(itemsize)
+
     # -- the K/V pool ---------------------------------------------------------------------------
 
     def setup(self, max_sessions: int, slack_frames: int = 0) -> None:

@@ -138,10 +138,10 @@ class Engine:
         return stream
 
     def _reserve(self, stream_id: str, world: World) -> None:
-        if self.budget.allocate(stream_id, world.kv_bytes_per_session()) is None:
+        if self.budget.allocate(stream_id, world.session_bytes()) is None:
             raise CapacityError(
                 f"no room for another world ({len(self.budget)} of {self.budget.max_streams} live, "
-                f"{self.budget.used_bytes} KV bytes reserved)"
+                f"{self.budget.used_bytes} bytes reserved)"
             )
         metrics.STREAMS.set(len(self.budget))
         metrics.KV_BYTES.set(self.budget.used_bytes)

@@ -20,7 +20,9 @@ CHUNK_STAGE_MS = Histogram(
     registry=REGISTRY,
 )
 STREAMS = Gauge("worldserve_streams", "Worlds resident on the device.", registry=REGISTRY)
-KV_BYTES = Gauge("worldserve_kv_bytes", "Bytes of KV cache reserved on the device.", registry=REGISTRY)
+KV_BYTES = Gauge(
+    "worldserve_kv_bytes", "Bytes reserved on the device for sessions (K/V rows, atlases).", registry=REGISTRY
+)
 BATCH_SIZE = Histogram(
     "worldserve_batch_size",
     "Sessions per engine step.",

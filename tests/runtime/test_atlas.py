@@ -20,6 +20,7 @@ from models.tiny_world import WEIGHTS_DIR
 from models.tiny_world.metrics import free_worlds, player_centroid
 from models.world import Conditioning, World
 from runtime.engine import Engine
+from runtime.errors import CapacityError
 from runtime.requests import ChunkCancelled, ChunkRequest
 from tests.runtime.conftest import committed, keys, run_chunk, small_world
 
@@ -186,3 +187,16 @@ def test_a_model_directory_asking_for_an_atlas_needs_a_gate_that_plans(tmp_path)
     (model / "worldserve.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="atlas_tiles needs a key gate"):
         load_world(model)
+
+
+def test_a_sessions_atlas_counts_in_the_engines_byte_budget(mapped, plain):
+    atlas = 2 * mapped.cartographer.nbytes(4)  # the committed version and a chunk's in flight
+    assert mapped.session_bytes() == mapped.kv_bytes_per_session() + atlas
+    assert plain.session_bytes() == plain.kv_bytes_per_session()
+    engine = Engine({"m": mapped}, max_kv_bytes=mapped.session_bytes())
+    engine.add_stream("a", "m", Conditioning(seed=1))
+    assert engine.budget.used_bytes == mapped.session_bytes()
+    assert engine.runner.streams["a"].state.atlas.nbytes == mapped.cartographer.nbytes(4)
+    tight = Engine({"m": mapped}, max_kv_bytes=mapped.session_bytes() - 1)
+    with pytest.raises(CapacityError):
+        tight.add_stream("a", "m", Conditioning(seed=1))
