@@ -133,7 +133,7 @@ class Cartographer:
         world's bounds, where that frame shows them first: `bound`)."""
         origin = atlas.origin + moved.to(atlas.origin.device)
         frame = z[:, 0][None]  # (1, C, h, w)
-        pos = self.phase(frame) + 2 * self.s  # the view's top-left corner on the canvas
+        pos = self.corner(z)
         raw = frame[:, : self.k].to(self.std.dtype) * self.std[: self.k] + self.mean[: self.k]
         flat, _ = self.ae.flat_cells(raw, self.ae.view_cover(pos, self.g))
         keep = (flat & self.whole(pos))[0, 0]  # (g, g)
@@ -159,10 +159,14 @@ class Cartographer:
         seen = (off != 0) & (view % self.s == 0) & (bounds[:, 0] == EMPTY)
         return torch.where(seen[:, None], torch.stack([low, low + self.span], dim=1), bounds)
 
+    def corner(self, z: torch.Tensor) -> torch.Tensor:
+        """(1, 2) px: the top-left corner of the view of a latent frame z (C, 1, h, w) on its canvas."""
+        return self.phase(z[:, 0][None]) + 2 * self.s
+
     def view_of(self, atlas: Atlas, last: torch.Tensor) -> torch.Tensor:
         """(2,) px on the tile grid: the top-left corner of the view of the session's latest frame
         `last` (C, 1, h, w) (the frame `atlas` was last written from)."""
-        return atlas.origin * self.s + self.phase(last[:, 0][None])[0] + 2 * self.s
+        return atlas.origin * self.s + self.corner(last)[0]
 
     @torch.no_grad()
     def rooms(self, atlas: Atlas, last: torch.Tensor) -> torch.Tensor:
@@ -213,7 +217,7 @@ class Cartographer:
         tiles, sy, sx = self.slots(atlas.origin)
         known = (atlas.tags[:, sy, sx] == tiles).all(dim=0)  # (g, g)
         kept = atlas.cells[:, sy, sx].to(self.std.dtype)  # (k, g, g) normalised
-        latest = self.phase(last[:, 0][None]) + 2 * self.s
+        latest = self.corner(last)
         shown = self.whole(latest)[0, 0]
         if self.span:
             begun = F.max_pool2d(self.ae.view_cover(latest, self.g), self.s)[0, 0] > 0

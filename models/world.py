@@ -605,10 +605,12 @@ class World:
             return actions, None
         z = torch.stack([last[i][:, -1] for i in rows]).to(self.device, self.dtype)  # (k, C, h, w)
         carto = self.cartographer if self.gate.cfg.view and any(atlases) else None
-        scroll = None
+        edges = None
         if carto is not None and carto.span:
-            scroll = torch.stack([self._edge_rooms(atlases, last, i) for i in rows])
-        gated, plan = self.gate.steer(actions[rows], z, scroll)  # plan: (k, 6, n)
+            unknown = torch.full((2, 2), -1, dtype=torch.long, device=self.device)
+            own = {i: atlases[i] for i in rows if i < len(atlases) and atlases[i] is not None}
+            edges = torch.stack([carto.rooms(own[i], last[i]) if i in own else unknown for i in rows])
+        gated, plan = self.gate.steer(actions[rows], z, edges)  # plan: (k, 6, n)
         out = actions.clone()
         out[rows] = gated.to(actions.dtype)
         if plan is None:
@@ -628,20 +630,6 @@ class World:
             if i < len(atlases) and atlases[i] is not None:
                 cells[i], cell_mask[i] = carto.recall(atlases[i], last[i], phases[j])
         return out, replace(pins, cells=cells, cell_mask=cell_mask)
-
-    def _edge_rooms(
-        self, atlases: Sequence[Atlas | None], last: Sequence[torch.Tensor | None], i: int
-    ) -> torch.Tensor:
-        """(moves,) long: per movement key of the gate, the frames entry i's view can still scroll
-        that way before the world's edge its atlas knows (`Cartographer.rooms`), -1 where none."""
-        assert self.gate is not None and self.cartographer is not None
-        moves = self.gate.cfg.moves
-        atlas = atlases[i] if i < len(atlases) else None
-        if atlas is None:
-            return torch.full((len(moves),), -1, dtype=torch.long, device=self.device)
-        px = self.cartographer.rooms(atlas, last[i])  # (2, 2)
-        room = torch.stack([px[axis, int(sign > 0)] for _, axis, sign in moves])
-        return torch.where(room < 0, -1, torch.div(room, self.gate.cfg.step, rounding_mode="floor"))
 
     @staticmethod
     def pin(x: torch.Tensor, pins: Pins | None) -> torch.Tensor:
