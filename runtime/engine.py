@@ -75,9 +75,12 @@ class Engine:
         boundary_hook: BoundaryHook | None = None,
         scheduler: Scheduler | None = None,
         pipeline: bool | None = None,
+        defer_context: bool | None = None,
     ) -> None:
         """`pipeline`: decode each batch on a side stream while the next batch denoises (see
-        runtime/runner.py); None (the default) turns it on when a world runs on CUDA."""
+        runtime/runner.py); None (the default) turns it on when a world runs on CUDA.
+        `defer_context`: run each chunk's clean pass after its frames are out (runtime/runner.py);
+        None (the default) defers when not pipelined."""
         self.worlds = worlds
         if pipeline is None:
             pipeline = any(w.device.type == "cuda" for w in worlds.values())
@@ -92,7 +95,9 @@ class Engine:
             # One K/V pool row per stream the budget admits, plus one so a reset can build the
             # new world before it lets go of the old one; pipelined, a chunk of ring slack.
             world.setup(max_streams + 1, slack_frames=world.chunk_frames if pipeline else 0)
-        self.runner = Runner(worlds, self.is_aborted, boundary_hook, pipeline=pipeline)
+        self.runner = Runner(
+            worlds, self.is_aborted, boundary_hook, pipeline=pipeline, defer_context=defer_context
+        )
         self.scheduler = scheduler or FifoScheduler(self._shape_of, max_batch)
         self.budget = KVBudget(max_streams, max_kv_bytes)
         self.max_queued = max_queued_per_stream
@@ -195,8 +200,8 @@ class Engine:
         self._release(stream_id)
 
     def _settle(self) -> None:
-        """Finish a decode still in flight, so control calls see a committed world (outcomes go
-        out with the next step)."""
+        """Finish a decode still in flight and run the owed clean passes, so control calls see
+        a committed world (outcomes go out with the next step)."""
         if self.runner.busy:
             self._side_outcomes += self._finish(self.runner.execute(StepPlan.make_empty()))
             self._side_outcomes += self._finish(self.runner.decode())

@@ -10,8 +10,17 @@ per stage for every session in it:
     commit                     last cancel check; the transactions are staged for the engine
 
 The engine calls `execute(plan)` (denoise + context), commits what it returns, then `decode()`.
-Serial (the default), `decode()` runs the decode and stages the chunks, so they commit in the same
-step. Pipelined (`pipeline=True`, the CUDA default), the decode runs on a side CUDA stream and the
+
+Serial (the default off CUDA), the clean pass is *owed*: `decode()` runs the decode and stages
+the chunks right after the denoise, they commit in the same step, and their clean pass runs at
+the start of the next `execute`, which the engine calls at once when it has nothing else to do
+(`busy`). The frames go out a clean pass earlier; the K/V is written while the client receives
+them, before anything reads it (a next chunk, a fork, a reset; `Engine._settle`). A committed
+chunk cannot be cancelled, so the owed pass has no boundary; should it fail, the chunks are
+tried again alone and a stream whose pass fails alone is *lost* (`Stream.lost`): its later
+chunks fail with that message until it is reset.
+
+Pipelined (`pipeline=True`, the CUDA default), the decode runs on a side CUDA stream and the
 next step's `execute` first computes the next batch, then waits for these frames: chunk k's
 decode overlaps chunk k+1's denoise. Chunk k+1 of a stream may then run on top of chunk k's
 uncommitted K/V (`Transaction.after`; the K/V ring keeps a chunk of slack for it,
@@ -166,7 +175,12 @@ class Batch:
     """
 
     def __init__(
-        self, runner: Runner, model_id: str, chunks: list[ScheduledChunk], txns: list[Transaction]
+        self,
+        runner: Runner,
+        model_id: str,
+        chunks: list[ScheduledChunk],
+        txns: list[Transaction],
+        paid: StageClock | None = None,
     ) -> None:
         self.runner = runner
         self.model_id = model_id
@@ -178,6 +192,7 @@ class Batch:
         self.size = world.bucket(len(txns)) or len(txns)
         self.live = list(range(len(txns)))  # entries still running
         self.clock = StageClock(world.device)
+        self.paid = paid  # owed clean passes this step ran first (their time counts as this batch's context)
         self.index = self._index()
         self.last = self._last()
         self.atlases = self._atlases()
@@ -286,9 +301,10 @@ class Batch:
     # -- stages ---------------------------------------------------------------------------------
 
     def compute(self) -> bool:
-        """Denoise, then the clean pass. False: nobody is left."""
+        """Denoise, then the clean pass unless the runner owes it until after commit. False:
+        nobody is left."""
         self.clock.mark("begin")
-        return self.denoise() and self.context()
+        return self.denoise() and (self.runner.defer_context or self.context())
 
     def denoise(self) -> bool:
         """K denoising forwards; leaves the clean estimate, in canonical form, in `x0`."""
@@ -334,6 +350,19 @@ class Batch:
         self.clock.mark("context")
         return True
 
+    def settle(self) -> None:
+        """The owed clean pass of the committed entries (no boundary: a committed chunk cannot
+        be cancelled); entries rolled back at commit turn into padding."""
+        live = [i for i in self.live if self.txns[i].status is TxnStatus.COMMITTED]
+        if live != self.live:
+            self.live = live
+            self.index = self._index()
+        if not live:
+            return
+        w = self.world
+        noise = self._noise(len(w.config.schedule.steps)) if w.config.context_noise > 0 else None
+        w.context(self.x0, self.index, self.actions, noise=noise)
+
     def decode(self) -> bool:
         """Start latents -> frames for every live entry in one batched decode (on the runner's
         decode stream on CUDA) and their copy to the host. False: nobody is left."""
@@ -360,18 +389,20 @@ class Batch:
                 self.live.remove(i)
         if not self.live or not self.boundary("commit"):
             return
-        c = self.clock
+        c, paid = self.clock, self.paid
         end = time.perf_counter()
+        start = paid.start if paid is not None else c.start
+        context = paid.ms("pay", "paid") if paid is not None else c.ms("denoised", "context")
         for i in self.live:
             t = self.txns[i]
             frames, cache = decoded[i]
-            queue_ms = (c.start - t.request.submitted_at) * 1000 if t.request.submitted_at else 0.0
+            queue_ms = (start - t.request.submitted_at) * 1000 if t.request.submitted_at else 0.0
             timings = ChunkTimings(
                 queue=queue_ms,
                 denoise=c.ms("begin", "denoised"),
-                context=c.ms("denoised", "context"),
-                decode=c.ms("context", "decoded"),
-                total=(end - c.start) * 1000,
+                context=context,
+                decode=c.ms("context" if "context" in c.marks else "denoised", "decoded"),
+                total=(end - start) * 1000,
             )
             t.stage(Staged(n_latent=self.n, decoder=cache, frames=frames, timings=timings))
             self.runner.out.staged.append(t)
@@ -386,11 +417,18 @@ class Runner:
         is_aborted: Callable[[int], bool],
         boundary_hook: BoundaryHook | None = None,
         pipeline: bool = False,
+        defer_context: bool | None = None,
     ) -> None:
+        """`defer_context`: run each chunk's clean pass after its commit (see the module's
+        docstring); None (the default) defers when not pipelined. A pipelined chunk runs on
+        top of its predecessor's clean pass, so the two do not combine."""
+        if pipeline and defer_context:
+            raise ValueError("a pipelined runner cannot defer the clean pass")
         self.worlds = worlds
         self.is_aborted = is_aborted
         self.boundary_hook = boundary_hook
         self.pipeline = pipeline
+        self.defer_context = not pipeline if defer_context is None else defer_context
         self.streams: dict[str, Stream] = {}
         for name, w in worlds.items():
             if pipeline and w.slack_frames < w.chunk_frames:
@@ -402,6 +440,7 @@ class Runner:
         }
         self.out = RunnerOutput()
         self.decoding: Batch | None = None  # pipelined: the batch whose decode is in flight
+        self.owed: list[Batch] = []  # deferred: committed batches whose clean pass has not run
         self._computed: Batch | None = None  # computed by `execute`, decoded by `decode`
         self._again: list[tuple[str, ScheduledChunk]] = []  # (model, chunk) to re-run alone in `decode`
         self._side: dict[torch.device, torch.cuda.Stream] = {}
@@ -446,6 +485,7 @@ class Runner:
         world.release_state(old)
         stream.action_log.clear()
         stream.fault_fired = False
+        stream.lost = None
         return frame
 
     def remove(self, stream_id: str) -> None:
@@ -458,8 +498,9 @@ class Runner:
 
     @property
     def busy(self) -> bool:
-        """Whether a batch's decode is still in flight (the next `execute` finishes it)."""
-        return self.decoding is not None
+        """Whether a batch's decode is in flight or a clean pass is owed (the next `execute`
+        finishes them)."""
+        return self.decoding is not None or bool(self.owed)
 
     def in_flight(self, stream_id: str) -> int:
         """Chunks of the stream past their clean pass and not yet committed (0 or 1)."""
@@ -471,8 +512,9 @@ class Runner:
         its stream's chunk still decoding, if any); then, pipelined, wait for the previous
         batch's frames and stage its chunks. The engine commits the output, then calls `decode`."""
         self.out = RunnerOutput()
+        paid = self._pay()
         if plan.chunks:
-            self._computed = self._compute(plan.model_id, plan.chunks)
+            self._computed = self._compute(plan.model_id, plan.chunks, paid)
         prev, self.decoding = self.decoding, None
         if prev is not None:
             self._guard(prev, prev.finish)
@@ -492,10 +534,47 @@ class Runner:
                     self.decoding = batch
                 else:
                     self._guard(batch, batch.finish)
+                    self._owe(batch)
         while self._again:
             model, sc = self._again.pop(0)
             self._run_alone(model, sc)
         return self.out
+
+    def _owe(self, batch: Batch) -> None:
+        """Deferred: the staged entries' clean pass runs at the next `execute` (after commit)."""
+        if self.defer_context and batch.live:
+            self.owed.append(batch)
+
+    def _pay(self) -> StageClock | None:
+        """Run the owed clean passes; returns their clock (None when none was owed). A batch
+        whose pass fails runs it again one entry at a time; a stream whose pass fails alone is
+        lost (`Stream.lost`)."""
+        owed, self.owed = self.owed, []
+        if not owed:
+            return None
+        clock = StageClock(owed[0].world.device)
+        clock.mark("pay")
+        for batch in owed:
+            try:
+                batch.settle()
+            except Exception as exc:
+                if is_fatal(exc):
+                    raise
+                log.exception("clean pass failed; running it again per stream")
+                for i in list(batch.live):
+                    batch.live = [i]
+                    batch.index = batch._index()
+                    try:
+                        batch.settle()
+                    except Exception as alone:
+                        if is_fatal(alone):
+                            raise
+                        stream = batch.txns[i].stream
+                        why = f"{type(alone).__name__}: {alone}"
+                        stream.lost = f"its world was lost (the clean pass failed: {why}); reset it"
+                        log.exception("clean pass failed for %s", stream.stream_id)
+        clock.mark("paid")
+        return clock
 
     @contextlib.contextmanager
     def decode_stream(self, device: torch.device, inputs: tuple[torch.Tensor, ...]) -> Iterator[None]:
@@ -518,6 +597,11 @@ class Runner:
         read its actions; a failing action source fails only this chunk (reported in `out`),
         never the engine."""
         stream = self.streams[sc.stream_id]
+        if stream.lost is not None:
+            txn = Transaction(stream, sc.request, [], n_latent=sc.n_latent)
+            txn.rollback()
+            self.out.failed.append((txn, stream.lost))
+            return None
         b = self.decoding
         after = next((b.txns[i] for i in b.live if b.txns[i].stream is stream), None) if b else None
         txn = Transaction(stream, sc.request, [], after=after, n_latent=sc.n_latent)
@@ -574,16 +658,19 @@ class Runner:
             st.atlas = world.remember(None, None, x0[0, :, -1:])
         return frames[-1]
 
-    def _compute(self, model_id: str, chunks: list[ScheduledChunk]) -> Batch | None:
+    def _compute(
+        self, model_id: str, chunks: list[ScheduledChunk], paid: StageClock | None = None
+    ) -> Batch | None:
         """Open the chunks' transactions and run denoise + context as one batch; None when nobody
-        is left. On a model error the batch is rolled back (see `_recover`)."""
+        is left. On a model error the batch is rolled back (see `_recover`). `paid`: the owed
+        clean passes this step ran first (`_pay`)."""
         world = self.worlds[model_id]
         opened = [(sc, self._begin(sc, world)) for sc in chunks]
         chunks = [sc for sc, t in opened if t is not None]
         txns = [t for _, t in opened if t is not None]
         if not txns:
             return None
-        batch = Batch(self, model_id, chunks, txns)
+        batch = Batch(self, model_id, chunks, txns, paid)
         if not self._guard(batch, batch.compute):
             return None
         return batch if batch.live else None
@@ -608,6 +695,7 @@ class Runner:
         try:
             if batch.compute() and batch.decode():
                 batch.finish()
+                self._owe(batch)
         except Exception as exc:
             if is_fatal(exc):
                 raise

@@ -1,8 +1,9 @@
 """One chunk = one transaction: begin, stage, then commit or roll back.
 
 begin     reads the committed counters; from here the committed state is read-only.
-stage     records what the chunk produced: K/V already sit in scratch slots past the committed
-          length, the new decoder cache is a private object, frames are on the host.
+stage     records what the chunk produced: K/V sit in scratch slots past the committed length
+          (or, where the runner defers the clean pass, are written right after commit, before
+          anything reads them), the new decoder cache is a private object, frames are on the host.
 commit    atomically advances the KV length (eviction is implicit in the ring, sinks stay),
           swaps the decoder cache (and the latest latent frame), advances the RNG key and the
           frame counters, appends to the action log — and only then is a `ChunkCommitted` (with
@@ -42,6 +43,7 @@ class Stream:
     debug: DebugHooks = field(default_factory=DebugHooks)
     action_log: deque[list[FrameAction]] = field(default_factory=lambda: deque(maxlen=ACTION_LOG_CHUNKS))
     fault_fired: bool = False  # DebugHooks.fail_at_chunk fires once
+    lost: str | None = None  # why its K/V cannot be trusted (an owed clean pass failed); a reset clears it
 
 
 class TxnStatus(enum.Enum):

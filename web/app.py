@@ -45,19 +45,28 @@ class Runtime:
         max_batch: int = 4,
         max_sessions: int = 16,
         overlap_decode: bool | None = None,
+        defer_clean_pass: bool | None = None,
         detach_ttl_s: float = 60.0,
         debug_hooks: bool = False,
         threads: int | None = None,
     ) -> "Runtime":
         """Start the engine thread on the running loop; ``default_model`` None = the first world;
         ``overlap_decode`` None = pipelined decode when a world runs on CUDA (runtime/runner.py);
+        ``defer_clean_pass`` None = each chunk's clean pass runs after its frames are out unless
+        the decode overlaps (runtime/runner.py);
         ``threads``: the engine thread's torch threads (`EngineThread`; None: the process's)."""
         if not worlds:
             raise ValueError("no worlds to serve")
         default = default_model or next(iter(worlds))
         if default not in worlds:
             raise ValueError(f"default model {default!r} is not loaded; loaded: {sorted(worlds)}")
-        engine = Engine(dict(worlds), max_batch=max_batch, max_streams=max_sessions, pipeline=overlap_decode)
+        engine = Engine(
+            dict(worlds),
+            max_batch=max_batch,
+            max_streams=max_sessions,
+            pipeline=overlap_decode,
+            defer_context=defer_clean_pass,
+        )
         engine_thread = EngineThread(engine, asyncio.get_running_loop(), threads=threads)
         engine_thread.start()
         manager = SessionManager(

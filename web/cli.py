@@ -93,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
         "auto: on when the device is CUDA (default: %(default)s)",
     )
     serve.add_argument(
+        "--defer-clean-pass",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="send each chunk's frames before its clean pass writes its K/V (lower latency); "
+        "auto: on unless the decode overlaps (default: %(default)s)",
+    )
+    serve.add_argument(
         "--detach-ttl",
         type=float,
         default=60.0,
@@ -274,6 +281,7 @@ def _serve(args: argparse.Namespace) -> int:
         detach_ttl_s=args.detach_ttl,
         max_batch=args.max_batch,
         overlap_decode={"auto": None, "on": True, "off": False}[args.overlap_decode],
+        defer_clean_pass={"auto": None, "on": True, "off": False}[args.defer_clean_pass],
         engine_threads=args.engine_threads,
         max_connections=args.max_connections,
         sessions_per_connection=args.sessions_per_connection,

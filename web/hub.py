@@ -38,6 +38,7 @@ class ServerConfig:
     allow_origins: tuple[str, ...] = ()  # websocket Origins allowed besides same-origin; "*": any
     max_batch: int = 4  # sessions per engine step
     overlap_decode: bool | None = None  # decode on a side stream during the next denoise; None: on CUDA
+    defer_clean_pass: bool | None = None  # clean pass after the frames are out; None: unless overlapping
     engine_threads: int | None = None  # torch threads of the engine thread; None: the process's
     max_message: int = 1 << 20  # bytes per client message; bigger ones get `too_large`
     outbox_chunks: int = 4  # `frames` messages queued per connection before frames drop

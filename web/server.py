@@ -85,6 +85,7 @@ class Server:
             max_batch=cfg.max_batch,
             max_sessions=cfg.max_sessions,
             overlap_decode=cfg.overlap_decode,
+            defer_clean_pass=cfg.defer_clean_pass,
             detach_ttl_s=cfg.detach_ttl_s,
             debug_hooks=cfg.debug_hooks,
             threads=cfg.engine_threads,

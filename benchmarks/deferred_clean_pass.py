@@ -1,0 +1,139 @@
+"""A lockstep session through the websocket with each chunk's clean pass after its frames are sent
+(`--defer-clean-pass on`, the serial default) vs before (`off`), side by side in one run.
+
+Two `worldserve serve` processes, one per setting, the same model, seed and actions; each round
+runs a lockstep session of `--steps` steps on one server, then on the other (alternating which
+goes first), per codec and client think time (`--think-ms`: what the client spends between
+holding a chunk's frames and sending its next step: a policy's forward, a game's frame; 0 is a
+client that answers at once). Reported per setting, codec and think time: step latency (`step`
+sent -> its frames decoded here) p50/p99, lockstep frames per second (the chunk's video frames
+per mean step cycle, think included), and per round the ratio of the two settings' mean step
+latency (off / on; the median of those ratios is the comparison: this machine's speed drifts
+within the hour).
+
+    python benchmarks/deferred_clean_pass.py [--model tiny-world] [--steps 40] [--rounds 4]
+                                             [--think-ms 0 25] [--codecs h264 raw] [--threads 1]
+
+Prints and writes benchmarks/results/deferred_clean_pass.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.server_overhead import KEYS
+from benchmarks.serving import start_server
+from models.registry import from_name
+from web import messages as m
+from web.sdk import connect
+
+RESULTS = Path(__file__).parent / "results"
+SETTINGS = ("on", "off")
+
+
+async def lockstep(url: str, codec: m.Codec, steps: int, think_ms: float) -> tuple[list[float], float]:
+    """Step latencies (ms, `step` sent -> frames in hand) and the mean step cycle (ms, think
+    included) of one lockstep session; the first, shorter chunk is not measured."""
+    out = []
+    async with connect(url, seed=0, codec=codec, mode="lockstep") as s:
+        for i in range(steps + 1):
+            if i == 1:
+                t0 = time.perf_counter()
+            start = time.perf_counter()
+            await s.step({"keys": [KEYS[i % 2]]})
+            if i:
+                out.append((time.perf_counter() - start) * 1000)
+            await asyncio.sleep(think_ms / 1000)
+    return out, (time.perf_counter() - t0) * 1000 / steps
+
+
+async def measure(
+    urls: dict[str, str], codecs: list[str], thinks: list[float], steps: int, rounds: int
+) -> dict:
+    cases = [(c, t) for c in codecs for t in thinks]
+    lat: dict[tuple, list[float]] = {(s, c, t): [] for s in SETTINGS for c, t in cases}
+    cycle: dict[tuple, list[float]] = {k: [] for k in lat}
+    ratio: dict[tuple, list[float]] = {k: [] for k in cases}
+    for url in urls.values():  # warm-up: first-use costs on both servers
+        for c in codecs:
+            await lockstep(url, c, 4, 0.0)
+    for r in range(rounds):
+        order = SETTINGS if r % 2 == 0 else SETTINGS[::-1]
+        for c, t in cases:
+            means = {}
+            for s in order:
+                got, per_step = await lockstep(urls[s], c, steps, t)
+                lat[s, c, t] += got
+                cycle[s, c, t].append(per_step)
+                means[s] = statistics.mean(got)
+            ratio[c, t].append(means["off"] / means["on"])
+            line = ", ".join(f"{s} {means[s]:.1f} ms" for s in SETTINGS)
+            print(f"round {r + 1}/{rounds} {c} think {t:g} ms: step latency {line}")
+    return {"latency": lat, "cycle": cycle, "ratio": ratio}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="tiny-world")
+    parser.add_argument("--steps", type=int, default=40, help="lockstep steps per session")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="the engine thread's torch threads")
+    parser.add_argument("--codecs", nargs="+", default=["h264", "raw"], choices=["h264", "jpeg", "raw"])
+    parser.add_argument("--think-ms", nargs="+", type=float, default=[0.0, 25.0], help="client think times")
+    parser.add_argument("--out", type=Path, default=RESULTS / "deferred_clean_pass.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    world = from_name(args.model)
+    frames = world.layout.video_frames(world.start_frames + world.chunk_frames, world.chunk_frames)
+    procs = {s: start_server(args.model, args.threads, "--defer-clean-pass", s) for s in SETTINGS}
+    try:
+        urls = {s: url for s, (_, url) in procs.items()}
+        got = asyncio.run(measure(urls, args.codecs, args.think_ms, args.steps, args.rounds))
+    finally:
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait(60)
+    paths, ratios, runs = {}, {}, {}
+    for (s, c, t), ms in got["latency"].items():
+        paths[f"{s}/{c}/think{t:g}"] = {
+            "step_latency_ms_p50": round(float(np.percentile(ms, 50)), 2),
+            "step_latency_ms_p99": round(float(np.percentile(ms, 99)), 2),
+            "lockstep_fps": round(frames * 1000 / statistics.mean(got["cycle"][s, c, t]), 2),
+        }
+    for (c, t), r in got["ratio"].items():
+        ratios[f"{c}/think{t:g}"] = round(statistics.median(r), 3)
+        runs[f"{c}/think{t:g}"] = [round(x, 3) for x in r]
+    result = {
+        "benchmark": "deferred_clean_pass",
+        "command": "python " + " ".join(sys.argv),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "model": world.spec.id,
+        "video_frames_per_chunk": frames,
+        "engine_threads": args.threads,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "think_ms": args.think_ms,
+        "paths": paths,
+        "step_latency_ratio_off_to_on": ratios,
+        "step_latency_ratio_off_to_on_runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
