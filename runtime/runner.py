@@ -508,9 +508,10 @@ class Runner:
         return int(b is not None and any(b.txns[i].stream.stream_id == stream_id for i in b.live))
 
     def execute(self, plan: StepPlan) -> RunnerOutput:
-        """The first half of a step: the plan's denoise and context passes (a chunk runs on top of
-        its stream's chunk still decoding, if any); then, pipelined, wait for the previous
-        batch's frames and stage its chunks. The engine commits the output, then calls `decode`."""
+        """The first half of a step: the clean passes owed by chunks committed before (serial),
+        then the plan's denoise and, unless owed, context passes (a chunk runs on top of its
+        stream's chunk still decoding, if any); then, pipelined, wait for the previous batch's
+        frames and stage its chunks. The engine commits the output, then calls `decode`."""
         self.out = RunnerOutput()
         paid = self._pay()
         if plan.chunks:
