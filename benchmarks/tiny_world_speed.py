@@ -9,7 +9,9 @@ Writes --out/tiny_world_speed.json with:
   start frame prefilled and decoded) — what a client waits for after `open` (`ready.frame`);
 * `frames_per_second`: committed video frames per wall second over `--chunks` lockstep chunks,
   submitted one at a time as a realtime client would (the next chunk is asked for when the
-  previous one has arrived), plus each stage's mean milliseconds per chunk;
+  previous one has arrived), plus each stage's mean milliseconds per chunk (`context` is 0:
+  the engine runs a chunk's clean pass after its commit, in a step of its own, which the
+  frames per second count; docs/ENGINE.md);
 * `action_response`: in a fresh session, after two idle chunks, one chunk holds "d"; the number
   of chunks until the view visibly scrolls (0 = the very chunk that carried the key) and that
   chunk's submit-to-commit ms.

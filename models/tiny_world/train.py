@@ -128,6 +128,7 @@ from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry, pin
 from models.tiny_world import (
     SIZE,
+    TRAIN_SCHEDULE,
     ae_config,
     atlas_tiles,
     carried_channels,
@@ -183,7 +184,7 @@ class TrainConfig:
     dit_lr: float = 1e-3  # peak AdamW learning rate (cosine decay to 5%)
     clip_chunks: int = 4  # noisy chunks per training clip (clip = 1 + clip_chunks * chunk_frames)
     context_sigma: float = 0.1  # max noise level of the clean copies (noisy-history augmentation)
-    p_schedule_sigma: float = 0.5  # share of chunks trained exactly at the serving schedule's sigmas
+    p_schedule_sigma: float = 0.5  # share of chunks trained exactly at TRAIN_SCHEDULE's sigmas
     loss_weight: str = "flow"  # "flow": MSE on noise - x0; "x0": the same weighted by sigma^2 (x0 error)
     ema: float = 0.999  # EMA decay of the shipped DiT weights
     # self-forced second stage (0 steps: none, and no phase after it)
@@ -695,7 +696,7 @@ def sample_sigmas(
     shift: float,
     p_schedule: float,
 ) -> torch.Tensor:
-    """Per-chunk noise levels: the serving schedule's sigmas with probability `p_schedule`, else
+    """Per-chunk noise levels: the unrolled schedule's sigmas with probability `p_schedule`, else
     shifted uniform (`shift * u / (1 + (shift - 1) u)`, as the sampler warps its steps)."""
     u = torch.rand(shape, generator=gen)
     cont = shift * u / (1 + (shift - 1) * u)
@@ -1622,7 +1623,7 @@ class Trainer:
         )
         if needs_players and players is None:
             raise SystemExit(f"{self.out}/latents.safetensors has no player positions; needs a fresh encode")
-        sched = world_config().schedule
+        sched = TRAIN_SCHEDULE
         chunk = dit.cfg.chunk_frames
         mask, positions, f = teacher_forcing_layout(c.sf_clip_chunks, chunk, dit.cfg.window_frames)
         n_eps, n_frames = lat.shape[:2]
@@ -1817,7 +1818,7 @@ class Trainer:
         idx = self.rng.integers(0, lat.shape[1] - f + 1, size=c.sf_chain_clips)[:, None] + np.arange(f)
         x0, a = clips(idx, e)
         self.dit.eval()
-        out = chain_history(self.dit, x0, a, world_config().schedule, self.gen, c.sf_chain_depth)
+        out = chain_history(self.dit, x0, a, TRAIN_SCHEDULE, self.gen, c.sf_chain_depth)
         self.dit.train()
         seen = seen_latent_mask(cams[e[:, None], idx], SIZE, SIZE // x0.shape[-1])[:, None, 1:]
         err = (out - x0[:, :, 1:]).pow(2) * seen
@@ -1864,7 +1865,7 @@ class Trainer:
             one = (torch.rand(b, generator=self.gen) < c.sf_onestep) & eligible & ~soft
             if one.any():
                 self.dit.eval()
-                hist[one] = onestep_history(self.dit, x0[one], a[one], world_config().schedule, self.gen)
+                hist[one] = onestep_history(self.dit, x0[one], a[one], TRAIN_SCHEDULE, self.gen)
                 self.dit.train()
         warp = torch.zeros(b, dtype=torch.bool)
         if c.sf_warp > 0:
@@ -2006,7 +2007,7 @@ class Trainer:
         frames' `key_motions`, for the motion head. Updates the EMA; returns (flow
         loss, grad norm)."""
         c, dit = self.cfg, self.dit
-        sched = world_config().schedule
+        sched = TRAIN_SCHEDULE
         chunk = dit.cfg.chunk_frames
         n_chunks = (f - 1) // chunk
         b = x0.shape[0]

@@ -13,7 +13,15 @@ import torch
 
 from models.actions import FrameAction
 from models.registry import DEFAULT_MODEL, from_name
-from models.tiny_world import ATLAS_TILES, WEIGHTS_DIR, atlas_tiles, view_channels
+from models.tiny_world import (
+    ATLAS_TILES,
+    SERVE_STEPS,
+    TRAIN_SCHEDULE,
+    WEIGHTS_DIR,
+    atlas_tiles,
+    view_channels,
+    world_config,
+)
 from models.tiny_world.metrics import KEY_AXES, free_worlds, world_displacement
 from models.tiny_world.train import TrainConfig, Trainer
 from models.world import Conditioning
@@ -60,6 +68,9 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     # Served as its last phase trained: the view's phase carried from the latest frame.
     assert world.config.carry_channels == trainer.carried("sf3") == view_channels()
     assert world.config.atlas_tiles == atlas_tiles(world.gate) == ATLAS_TILES and world.remembers
+    # Trained on TRAIN_SCHEDULE, served without its 500 step (model card, experiment BM).
+    assert world.config.schedule == world_config().schedule
+    assert world.config.schedule.steps == SERVE_STEPS and set(SERVE_STEPS) < set(TRAIN_SCHEDULE.steps)
     stats = {"latents_mean", "latents_std"}
     shipped = {k: v for k, v in asdict(world.decoder.ae.cfg).items() if k not in stats}
     assert {k: v for k, v in asdict(trainer.ae.cfg).items() if k not in stats} == shipped
