@@ -50,6 +50,7 @@ __all__ = ["main", "script_actions"]
 log = logging.getLogger("worldserve")
 TOKEN_ENV = "WORLDSERVE_TOKEN"
 DEFAULT_CHUNKS = 8  # `generate` without --chunks or --actions
+SWITCH = {"auto": None, "on": True, "off": False}  # an auto|on|off flag's value (None: the engine decides)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,19 +86,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-batch", type=int, default=4, help="sessions per engine step (default: %(default)s)"
     )
-    serve.add_argument(
+    _switch(
+        serve,
         "--overlap-decode",
-        default="auto",
-        choices=["auto", "on", "off"],
-        help="decode each batch on a second CUDA stream while the next batch denoises; "
-        "auto: on when the device is CUDA (default: %(default)s)",
+        "decode each batch on a second CUDA stream while the next batch denoises; "
+        "auto: on when the device is CUDA",
     )
-    serve.add_argument(
+    _switch(
+        serve,
         "--defer-clean-pass",
-        default="auto",
-        choices=["auto", "on", "off"],
-        help="send each chunk's frames before its clean pass writes its K/V (lower latency); "
-        "auto: on unless the decode overlaps (default: %(default)s)",
+        "send each chunk's frames before its clean pass writes its K/V (lower latency); "
+        "auto: on unless the decode overlaps",
     )
     serve.add_argument(
         "--detach-ttl",
@@ -193,6 +192,11 @@ def serve_threads() -> int:
     return max(1, cores - 1)
 
 
+def _switch(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """An auto|on|off flag (read through `SWITCH`)."""
+    parser.add_argument(flag, default="auto", choices=list(SWITCH), help=f"{help} (default: %(default)s)")
+
+
 def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool, threads: int | None) -> None:
     parser.add_argument(
         "--model",
@@ -280,8 +284,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         detach_ttl_s=args.detach_ttl,
         max_batch=args.max_batch,
-        overlap_decode={"auto": None, "on": True, "off": False}[args.overlap_decode],
-        defer_clean_pass={"auto": None, "on": True, "off": False}[args.defer_clean_pass],
+        overlap_decode=SWITCH[args.overlap_decode],
+        defer_clean_pass=SWITCH[args.defer_clean_pass],
         engine_threads=args.engine_threads,
         max_connections=args.max_connections,
         sessions_per_connection=args.sessions_per_connection,
