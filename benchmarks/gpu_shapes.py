@@ -15,6 +15,9 @@ Runs, in priority order until `--budget-s` is spent (each row is written as soon
   next chunk denoises, against the same loop serial (what item 6's pipelining would buy);
 * `engine_overlap`: the same through the Engine with every chunk queued up front (realtime and
   generate streams keep chunks queued), `pipeline=False` vs `True` (the served `--overlap-decode`);
+* `latency`: one lockstep session through the Engine, ms from a chunk's submit to its commit
+  (what a client waits for its frames, network aside), p50 / p90: pipelined (the CUDA default),
+  serial with the clean pass before the frames, serial with it after (`--defer-clean-pass`);
 * `forward`: the bare chunk forward per batch size (ms), eager and compiled;
 * `attention`: one layer's pool self-attention, masked 4-D SDPA vs FlexAttention
   (benchmarks/attention.py), at the full shapes.
@@ -159,6 +162,28 @@ def engine_run(
     }
 
 
+def lockstep_latency(world: World, chunks: int, pipeline: bool, defer: bool) -> dict:
+    """One lockstep session: ms from each chunk's submit to its `ChunkCommitted`, after two
+    warm-up chunks. A clean pass owed after the commit runs before the next submit, as it does in
+    a server while the frames travel and the client answers."""
+    engine = Engine({world.config.id: world}, max_batch=1, pipeline=pipeline, defer_context=defer)
+    engine.add_stream("s", world.config.id, Conditioning(seed=0))
+    ms: list[float] = []
+    for c in range(chunks + 2):
+        t0 = time.perf_counter()
+        engine.submit(ChunkRequest("s", engine.new_request_id()))
+        done = False
+        while not done:
+            done = any(isinstance(o, ChunkCommitted) for o in engine.step())
+        if c >= 2:
+            ms.append((time.perf_counter() - t0) * 1000)
+        while engine.has_work():
+            engine.step()
+    engine.remove_stream("s")
+    ms.sort()
+    return {"submit_to_commit_ms_p50": round(ms[len(ms) // 2], 2), "p90": round(ms[int(len(ms) * 0.9)], 2)}
+
+
 def bare_loop(world: World, sessions: int, chunks: int, overlap: bool) -> float:
     """Frames/s of the batched model loop; with `overlap`, decode runs on a second CUDA stream
     while the next chunk denoises (the frames of chunk k are only read after chunk k+1 began)."""
@@ -267,6 +292,7 @@ def plan(tiny: bool) -> list[tuple]:
         ("overlap", "mg", "graphs", "taehv", 8),
         ("engine_overlap", "mg", "graphs", "wan", 1),
         ("engine_overlap", "mg", "graphs", "taehv", 8),
+        ("latency", "mg", "graphs", "taehv", 1),
         ("engine", "sf", "eager", "wan", 1),
         ("engine", "sf", "graphs", "wan", 1),
         ("engine", "sf", "graphs", "taehv", 1),
@@ -279,7 +305,7 @@ def plan(tiny: bool) -> list[tuple]:
     ]
     if tiny:  # on a CPU: no CUDA graphs, no second stream; inductor compiles slowly
         runs = [r for r in runs if r[0] != "overlap" and r[2] != "graphs"]
-        runs += [("engine_overlap", "mg", "eager", "taehv", 2)]
+        runs += [("engine_overlap", "mg", "eager", "taehv", 2), ("latency", "mg", "eager", "taehv", 1)]
         runs = [r for r in runs if not (r[2] == "compiled" and r[4] == 8)]
     return runs
 
@@ -352,6 +378,13 @@ def main() -> None:
                 elif kind == "engine_overlap":
                     for name, on in (("serial", False), ("pipelined", True)):
                         row[name] = engine_run(pair[decoder], n, args.chunks, pipeline=on, queued=True)
+                elif kind == "latency":
+                    for name, piped, defer in (
+                        ("pipelined", True, False),
+                        ("serial_pass_first", False, False),
+                        ("serial_pass_after", False, True),
+                    ):
+                        row[name] = lockstep_latency(pair[decoder], 3 * args.chunks, piped, defer)
                 else:
                     row["forward_ms"] = round(forward_ms(pair["wan"], n, reps=5), 2)
             w = pair["wan"]
