@@ -143,8 +143,8 @@ def atlas_tiles(gate: KeyGate | None) -> int:
 
 
 # The schedule the DiT's self-forced stages unroll (train.py). Served without its 500 step: on
-# the eval every target came out equal or better, the memory probes within 0.5 dB, at 1.23x the
-# frames per second (MODEL_CARD.md, "Experiments": BM).
+# the eval every target came out equal or better, the memory probes within 0.5 dB, at 1.13-1.23x
+# the frames per second (MODEL_CARD.md, "Experiments": BM).
 TRAIN_SCHEDULE = FlowSchedule(steps=(1000, 750, 500, 250), shift=1.0, num_train=1000, prediction="flow")
 SERVE_STEPS = (1000, 750, 250)
 
