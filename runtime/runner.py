@@ -344,21 +344,25 @@ class Batch:
         """The clean pass: each chunk's K/V into its scratch slots."""
         if not self.boundary("context"):
             return False
-        w = self.world
-        noise = self._noise(len(w.config.schedule.steps)) if w.config.context_noise > 0 else None
-        w.context(self.x0, self.index, self.actions, noise=noise)
+        self._clean_pass()
         self.clock.mark("context")
         return True
 
-    def settle(self) -> None:
-        """The owed clean pass of the committed entries (no boundary: a committed chunk cannot
-        be cancelled); entries rolled back at commit turn into padding."""
-        live = [i for i in self.live if self.txns[i].status is TxnStatus.COMMITTED]
+    def settle(self, entries: list[int] | None = None) -> None:
+        """The owed clean pass of the committed entries among `entries` (None: every live one;
+        no boundary: a committed chunk cannot be cancelled); the others turn into padding."""
+        live = [
+            i
+            for i in (self.live if entries is None else entries)
+            if self.txns[i].status is TxnStatus.COMMITTED
+        ]
         if live != self.live:
             self.live = live
             self.index = self._index()
-        if not live:
-            return
+        if live:
+            self._clean_pass()
+
+    def _clean_pass(self) -> None:
         w = self.world
         noise = self._noise(len(w.config.schedule.steps)) if w.config.context_noise > 0 else None
         w.context(self.x0, self.index, self.actions, noise=noise)
@@ -556,26 +560,26 @@ class Runner:
         clock = StageClock(owed[0].world.device)
         clock.mark("pay")
         for batch in owed:
-            try:
-                batch.settle()
-            except Exception as exc:
-                if is_fatal(exc):
-                    raise
-                log.exception("clean pass failed; running it again per stream")
+            if self._settle(batch, None) is not None:
+                log.warning("clean pass failed; running it again per stream")
                 for i in list(batch.live):
-                    batch.live = [i]
-                    batch.index = batch._index()
-                    try:
-                        batch.settle()
-                    except Exception as alone:
-                        if is_fatal(alone):
-                            raise
+                    if (exc := self._settle(batch, [i])) is not None:
                         stream = batch.txns[i].stream
-                        why = f"{type(alone).__name__}: {alone}"
+                        why = f"{type(exc).__name__}: {exc}"
                         stream.lost = f"its world was lost (the clean pass failed: {why}); reset it"
-                        log.exception("clean pass failed for %s", stream.stream_id)
         clock.mark("paid")
         return clock
+
+    def _settle(self, batch: Batch, entries: list[int] | None) -> Exception | None:
+        """`Batch.settle`; returns its non-fatal error (logged) instead of raising it."""
+        try:
+            batch.settle(entries)
+        except Exception as exc:
+            if is_fatal(exc):
+                raise
+            log.exception("clean pass failed for %s", [batch.txns[i].stream.stream_id for i in batch.live])
+            return exc
+        return None
 
     @contextlib.contextmanager
     def decode_stream(self, device: torch.device, inputs: tuple[torch.Tensor, ...]) -> Iterator[None]:
