@@ -7,7 +7,7 @@ goes first), per codec and client think time (`--think-ms`: what the client spen
 holding a chunk's frames and sending its next step: a policy's forward, a game's frame; 0 is a
 client that answers at once). Reported per setting, codec and think time: step latency (`step`
 sent -> its frames decoded here) p50/p99, lockstep frames per second (the chunk's video frames
-per mean step cycle, think included), and per round the ratio of the two settings' mean step
+per mean step latency plus the think time), and per round the ratio of the two settings' mean step
 latency (off / on; the median of those ratios is the comparison: this machine's speed drifts
 within the hour).
 
@@ -26,7 +26,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,30 +33,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.server_overhead import KEYS
+from benchmarks.server_overhead import ws_latency
 from benchmarks.serving import start_server
 from models.registry import from_name
-from web import messages as m
-from web.sdk import connect
 
 RESULTS = Path(__file__).parent / "results"
 SETTINGS = ("on", "off")
-
-
-async def lockstep(url: str, codec: m.Codec, steps: int, think_ms: float) -> tuple[list[float], float]:
-    """Step latencies (ms, `step` sent -> frames in hand) and the mean step cycle (ms, think
-    included) of one lockstep session; the first, shorter chunk is not measured."""
-    out = []
-    async with connect(url, seed=0, codec=codec, mode="lockstep") as s:
-        for i in range(steps + 1):
-            if i == 1:
-                t0 = time.perf_counter()
-            start = time.perf_counter()
-            await s.step({"keys": [KEYS[i % 2]]})
-            if i:
-                out.append((time.perf_counter() - start) * 1000)
-            await asyncio.sleep(think_ms / 1000)
-    return out, (time.perf_counter() - t0) * 1000 / steps
 
 
 async def measure(
@@ -65,24 +46,22 @@ async def measure(
 ) -> dict:
     cases = [(c, t) for c in codecs for t in thinks]
     lat: dict[tuple, list[float]] = {(s, c, t): [] for s in SETTINGS for c, t in cases}
-    cycle: dict[tuple, list[float]] = {k: [] for k in lat}
     ratio: dict[tuple, list[float]] = {k: [] for k in cases}
     for url in urls.values():  # warm-up: first-use costs on both servers
         for c in codecs:
-            await lockstep(url, c, 4, 0.0)
+            await ws_latency(url, c, 4)
     for r in range(rounds):
         order = SETTINGS if r % 2 == 0 else SETTINGS[::-1]
         for c, t in cases:
             means = {}
             for s in order:
-                got, per_step = await lockstep(urls[s], c, steps, t)
+                got = await ws_latency(urls[s], c, steps, t)
                 lat[s, c, t] += got
-                cycle[s, c, t].append(per_step)
                 means[s] = statistics.mean(got)
             ratio[c, t].append(means["off"] / means["on"])
             line = ", ".join(f"{s} {means[s]:.1f} ms" for s in SETTINGS)
             print(f"round {r + 1}/{rounds} {c} think {t:g} ms: step latency {line}")
-    return {"latency": lat, "cycle": cycle, "ratio": ratio}
+    return {"latency": lat, "ratio": ratio}
 
 
 def main() -> None:
@@ -111,7 +90,7 @@ def main() -> None:
         paths[f"{s}/{c}/think{t:g}"] = {
             "step_latency_ms_p50": round(float(np.percentile(ms, 50)), 2),
             "step_latency_ms_p99": round(float(np.percentile(ms, 99)), 2),
-            "lockstep_fps": round(frames * 1000 / statistics.mean(got["cycle"][s, c, t]), 2),
+            "lockstep_fps": round(frames * 1000 / (statistics.mean(ms) + t), 2),
         }
     for (c, t), r in got["ratio"].items():
         ratios[f"{c}/think{t:g}"] = round(statistics.median(r), 3)

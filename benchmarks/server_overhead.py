@@ -141,8 +141,9 @@ async def ws_rate(
     return chunks / (times[-1] - times[1]), server_ms, serving_ms, client_ms
 
 
-async def ws_latency(url: str, codec: m.Codec, steps: int) -> list[float]:
-    """Milliseconds from sending `step` to holding its decoded frames."""
+async def ws_latency(url: str, codec: m.Codec, steps: int, think_ms: float = 0.0) -> list[float]:
+    """Milliseconds from sending `step` to holding its decoded frames; `think_ms`: the client
+    waits this long after each chunk before its next step (a policy's forward, a game's frame)."""
     out = []
     async with connect(url, seed=0, codec=codec, mode="lockstep") as s:
         for i in range(steps + 1):
@@ -150,6 +151,8 @@ async def ws_latency(url: str, codec: m.Codec, steps: int) -> list[float]:
             await s.step({"keys": [KEYS[i % 2]]})
             if i:
                 out.append((time.perf_counter() - start) * 1000)
+            if think_ms:
+                await asyncio.sleep(think_ms / 1000)
     return out
 
 
