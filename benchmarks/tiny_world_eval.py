@@ -20,11 +20,15 @@ Measures (JSON in --out/tiny_world_eval.json, plots tiny_world_psnr.png and tiny
 * wall probe: hold a key toward a nearby wall; the world displacement read from the frames
   (camera scroll + sprite motion) must stop where the simulator stops (within 2 px);
 * return probe: a*16 then d*16 comes back to the start view; PSNR of the model's frame 32 vs the
-  simulator's frame 32 and vs the model's own frame 0; the revisit probe the same with a*48,
-  d*48 (frame 96), a walk past the DiT's 16-frame window (what comes back is the atlas's);
+  simulator's frame 32 and vs the model's own frame 0 (also over the worlds where the model's
+  own walk went out and back in full, read from its frames: a wall it invented can stop it); the
+  revisit probe the same with a*48, d*48 (frame 96), a walk past the DiT's 16-frame window (what
+  comes back is the atlas's);
 * 512-frame rollouts: no NaN in the KV cache, per-frame statistics inside the simulator's range
   (target >= 98 % of frames), sprite still present, PSNR and sharpness (mean absolute horizontal
-  gradient, model / game, target within +-25 % in every segment) by 64-frame segment;
+  gradient, model / game, target within +-25 % in every segment) by 64-frame segment, and after
+  frame 128 (mostly terrain that scrolled into view) the terrain's kinds and how often water meets
+  grass without a shore, model and game;
 * 600-frame rollouts (idle, held keys, random policy; 8 worlds each): exactly one player sprite
   within 2 px of the game's (target >= 98 % of frames); idle: PSNR of frame 600 against the game's
   (target >= 24 dB). One random-policy rollout is written as a side-by-side MP4 (game | model).
@@ -60,6 +64,7 @@ from models.tiny_world.metrics import (
     psnr,
     sharpness,
     sprite_count,
+    terrain_structure,
     world_displacement,
 )
 from models.world import Conditioning, World
@@ -250,6 +255,10 @@ def return_probe(engine: Engine, model_id: str, n: int, batch: int, hold: int = 
     vs_own0 = [float(psnr(f[end], f[0])) for f in frames]
     sim_self = [float(psnr(s[end], s[0])) for s in sims]
     turn = [float(psnr(f[hold], s[hold])) for f, s in zip(frames, sims, strict=True)]
+    # Worlds where the model's own walk went out and back in full: the player can stop at a wall
+    # the model invented where the game has none, and then the view does not come back.
+    walks = [world_displacement(f, axis=0) for f in frames]
+    full = [abs(w[hold] + hold) <= 2 and abs(w[end]) <= 2 for w in walks]
     return {
         "script": f"a*{hold},d*{hold}",
         "seeds": seeds,
@@ -257,6 +266,10 @@ def return_probe(engine: Engine, model_id: str, n: int, batch: int, hold: int = 
         f"psnr_frame{end}_vs_own_frame0": float(np.mean(vs_own0)),
         f"psnr_sim_frame{end}_vs_sim_frame0": float(np.mean(sim_self)),
         f"psnr_frame{hold}_vs_sim": float(np.mean(turn)),
+        "model_walked_out_and_back": int(sum(full)),
+        f"psnr_frame{end}_vs_own_frame0_where_walked_back": (
+            float(np.mean([v for v, ok in zip(vs_own0, full, strict=True) if ok])) if any(full) else None
+        ),
     }
 
 
@@ -297,6 +310,10 @@ def long_rollouts(engine: Engine, model_id: str, seeds: Sequence[int], n_frames:
         "psnr_by_64_frame_segment": np.mean(seg_psnr, axis=0).round(2).tolist(),
         "sharpness_ratio_by_64_frame_segment": np.round(sharp_ratio, 3).tolist(),
         "sharpness_within_25pct": bool(all(0.75 <= r <= 1.25 for r in sharp_ratio)),
+        "terrain_after_frame_128": {
+            "game": terrain_structure(np.concatenate([s.frames[129:] for s in sims])),
+            "model": terrain_structure(np.concatenate([f[129:] for f in frames])),
+        },
         "collapsed": bool(any(nan) or inside_all.mean() < 0.95),
     }
 

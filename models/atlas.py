@@ -8,8 +8,10 @@ every frame lies on the tile grid, so it can keep what it has shown. The atlas h
 tile a session has shown (a terrain tile, not part of a creature: `FastAutoencoder.flat_cells`) at
 its place on the grid; when a chunk's frames bring remembered tiles back into view, the sampler
 draws the chunk around them (`World.steer` pins them as it pins the plan). Tiles never shown are
-invented as before, and tiles in the latest frame are left to the DiT (its history holds them,
-and a creature may walk over them).
+drawn from the world's terrain prior where it has one (`invent`, models/terrain_prior.py: the
+game's structure, lakes with shores and straight walls, where the DiT's own guesses were a mosaic)
+and pinned alike; without one the DiT invents them. Tiles in the latest frame are left to the
+DiT (its history holds them, and a creature may walk over them).
 
 The world's edge: in a world that is a square of `world_tiles` tiles ringed by wall (the game's),
 the camera stops at the edge and the player walks off the view's centre, so a committed frame whose
@@ -36,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from models.fast_decoder import FastAutoencoder, read_sprite
+from models.terrain_prior import TerrainPrior
 
 EMPTY = -(2**62)  # the tag of a slot that holds nothing
 
@@ -50,11 +53,21 @@ class Atlas:
     # (2, 2) long: per axis (x, y), the lowest and highest place of the view's top-left corner in
     # px on the tile grid (tile t spans [t s, (t + 1) s)), once the world's edge was seen; EMPTY before.
     bounds: torch.Tensor
+    salt: torch.Tensor  # () long: a hash of the start frame, which picks the terrain prior's draws
 
     @property
     def nbytes(self) -> int:
         """Bytes the version holds."""
-        return sum(t.numel() * t.element_size() for t in (self.cells, self.tags, self.origin, self.bounds))
+        return sum(
+            t.numel() * t.element_size() for t in (self.cells, self.tags, self.origin, self.bounds, self.salt)
+        )
+
+
+def fingerprint(z: torch.Tensor) -> torch.Tensor:
+    """() long: a hash of a latent frame z (C, 1, h, w), its values to 1/256 (tensor ops only)."""
+    q = (z.float() * 256).round().long().flatten()
+    weights = torch.arange(1, 2 * q.numel(), 2, device=q.device) * 0x9E3779B1
+    return (q * weights).sum()
 
 
 class Cartographer:
@@ -67,10 +80,12 @@ class Cartographer:
         tiles: int,
         world_tiles: int = 0,
         wall: tuple[tuple[int, int, int], ...] = (),
+        prior: TerrainPrior | None = None,
     ) -> None:
         """`world_tiles` > 0: the world is a square of that many tiles whose outer ring is wall,
         each tile in one of the colours `wall` (RGB 0-255), and sessions learn its bounds
-        (`Atlas.bounds`); 0: unknown."""
+        (`Atlas.bounds`); 0: unknown. `prior`: tiles coming into view for the first time are drawn
+        from it (`invent`); None: the DiT invents them."""
         cfg = ae.cfg
         if not cfg.frame_size:
             raise ValueError("an atlas needs tile-aligned latents (FastAEConfig.frame_size)")
@@ -88,10 +103,20 @@ class Cartographer:
         # How far the camera travels across the world, px (0: the world's size is unknown).
         self.span = world_tiles * self.s - self.size if world_tiles else 0
         self.wall = tuple(tuple(c) for c in wall)
+        self.prior: TerrainPrior | None = None
+        if prior is not None:
+            self.set_prior(prior)
+
+    def set_prior(self, prior: TerrainPrior) -> None:
+        """Draw the tiles that come into view for the first time from `prior` (`invent`)."""
+        if prior.cfg.classes != len(self.ae.cfg.palette):
+            n = len(self.ae.cfg.palette)
+            raise ValueError(f"terrain prior chooses among {prior.cfg.classes} tiles, the palette has {n}")
+        self.prior = prior
 
     def nbytes(self, itemsize: int) -> int:
         """Bytes of one atlas version whose cell latents take `itemsize` bytes each (`Atlas.nbytes`)."""
-        return self.k * self.tiles**2 * itemsize + (2 * self.tiles**2 + 2 + 4) * 8
+        return self.k * self.tiles**2 * itemsize + (2 * self.tiles**2 + 2 + 4 + 1) * 8
 
     @property
     def mean(self) -> torch.Tensor:
@@ -123,6 +148,7 @@ class Cartographer:
             tags=torch.full((2, n, n), EMPTY, dtype=torch.long, device=z.device),
             origin=torch.zeros(2, dtype=torch.long, device=z.device),
             bounds=torch.full((2, 2), EMPTY, dtype=torch.long, device=z.device),
+            salt=fingerprint(z),
         )
         return self.write(empty, torch.zeros_like(empty.origin), z)
 
@@ -142,7 +168,9 @@ class Cartographer:
         # A frame's g x g tiles fall in distinct slots (tiles >= g), so one indexed write suffices.
         cells[:, sy, sx] = torch.where(keep, frame[0, : self.k].to(cells.dtype), cells[:, sy, sx])
         tags[:, sy, sx] = torch.where(keep, tiles, tags[:, sy, sx])
-        return Atlas(cells, tags, origin, self.bound(atlas.bounds, origin * self.s + pos[0], frame))
+        return Atlas(
+            cells, tags, origin, self.bound(atlas.bounds, origin * self.s + pos[0], frame), atlas.salt
+        )
 
     def bound(self, bounds: torch.Tensor, view: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
         """`bounds` after a frame (1, C, h, w) whose view's top-left corner lies at `view` (2,) px
@@ -189,10 +217,10 @@ class Cartographer:
         return (ring[0] & inside[1]) | (ring[1] & inside[0])
 
     @torch.no_grad()
-    def wall_code(self) -> torch.Tensor:
-        """(len(wall), k) the normalised cell latents of a border wall tile wholly in view, one per
-        colour (the codec is per cell: one cell's canvas each is enough)."""
-        colour = torch.tensor(self.wall, dtype=self.std.dtype, device=self.std.device) / 127.5 - 1
+    def codes(self, colours: tuple[tuple[int, int, int], ...]) -> torch.Tensor:
+        """(len(colours), k) the normalised cell latents of a flat tile of each colour (RGB 0-255)
+        wholly in view (the codec is per cell: one cell's canvas each is enough)."""
+        colour = torch.tensor(colours, dtype=self.std.dtype, device=self.std.device) / 127.5 - 1
         pixels = colour[:, :, None, None].expand(-1, 3, self.s, self.s)
         raw = self.ae.encode_seen(pixels, torch.ones_like(pixels[:, :1]))[:, :, 0, 0]
         return (raw - self.mean[: self.k, 0, 0]) / self.std[: self.k, 0, 0]
@@ -201,7 +229,7 @@ class Cartographer:
         """(k, g, g) the wall code of each of `tiles` (2, g, g): the game draws each wall tile in
         one of its colours at random, so a tile's colour here is a fixed hash of its place."""
         shade = torch.remainder((tiles[0] * 73856093) ^ (tiles[1] * 19349663), len(self.wall))
-        return self.wall_code()[shade].permute(2, 0, 1)
+        return self.codes(self.wall)[shade].permute(2, 0, 1)
 
     @torch.no_grad()
     def recall(
@@ -212,29 +240,73 @@ class Cartographer:
         channels (k, n, h, w) as the encoder writes them for each frame's view, and where they hold
         (1, n, h, w) bool: remembered tiles in that frame's view that the latest frame does not
         show wholly. A tile on the world's border (`border`) that was neither remembered nor
-        begun by the latest frame (whose shade the DiT goes on drawing) is the border's wall."""
+        begun by the latest frame (whose shade the DiT goes on drawing) is the border's wall; with
+        a terrain prior, every other such tile the chunk brings into view is drawn from it
+        (`invent`)."""
         n = phases.shape[1]
         tiles, sy, sx = self.slots(atlas.origin)
         known = (atlas.tags[:, sy, sx] == tiles).all(dim=0)  # (g, g)
         kept = atlas.cells[:, sy, sx].to(self.std.dtype)  # (k, g, g) normalised
         latest = self.corner(last)
         shown = self.whole(latest)[0, 0]
+        latest_cover = self.ae.view_cover(latest, self.g)
+        begun = F.max_pool2d(latest_cover, self.s)[0, 0] > 0
         if self.span:
-            begun = F.max_pool2d(self.ae.view_cover(latest, self.g), self.s)[0, 0] > 0
             ring = self.border(atlas.bounds, tiles) & ~known & ~begun
             kept = torch.where(ring, self.wall_tiles(tiles), kept)
             known = known | ring
         pos = phases.t().to(torch.long) + 2 * self.s  # (n, 2)
         cover = self.ae.view_cover(pos, self.g)  # (n, 1, S, S)
+        in_view = F.max_pool2d(cover, self.s) > 0  # (n, 1, g, g)
+        if self.prior is not None:
+            fresh = in_view.any(dim=0)[0] & ~known & ~begun
+            kept = torch.where(fresh, self.invent(atlas, last, latest_cover, kept, known, fresh), kept)
+            known = known | fresh
         raw = kept * self.std[: self.k] + self.mean[: self.k]
         pixels = self.ae.decoder(raw[None]).clamp(-1, 1).expand(n, -1, -1, -1)
         seen = (self.ae.encode_seen(pixels, cover) - self.mean[: self.k]) / self.std[: self.k]
         # A tile wholly in view is the remembered code itself; one the view cuts is re-encoded as
         # the encoder writes a cut tile.
         values = torch.where(self.whole(pos), kept[None], seen)  # (n, k, g, g)
-        in_view = F.max_pool2d(cover, self.s) > 0  # (n, 1, g, g)
         mask = in_view & known & ~shown
         return values.transpose(0, 1).to(last.dtype), mask.transpose(0, 1)
+
+    @torch.no_grad()
+    def invent(
+        self,
+        atlas: Atlas,
+        last: torch.Tensor,
+        latest_cover: torch.Tensor,
+        kept: torch.Tensor,
+        known: torch.Tensor,
+        fresh: torch.Tensor,
+    ) -> torch.Tensor:
+        """(k, g, g) the codes of the `fresh` (g, g) tiles of the canvas of the latest frame `last`
+        (C, 1, h, w), drawn from the terrain prior around what the session knows: the atlas'
+        tiles a prior's window around the canvas, the tiles `kept` (k, g, g) where `known`, and
+        every flat tile the latest frame shows through `latest_cover`, even in part (its colour).
+        Only the fresh entries are meant to be read."""
+        assert self.prior is not None
+        r, g, unknown = self.prior.cfg.window // 2, self.g, self.prior.cfg.unknown
+        palette = tuple(tuple(c) for c in self.ae.cfg.palette)
+        codes = self.codes(palette)  # (K, k)
+
+        def nearest(cells: torch.Tensor) -> torch.Tensor:  # (k, ...) normalised -> (...) palette index
+            return (cells.movedim(0, -1)[..., None, :] - codes).square().sum(-1).argmin(-1)
+
+        places, sy, sx = self.slots(atlas.origin, r)
+        seen = (atlas.tags[:, sy, sx] == places).all(dim=0)
+        region = torch.where(seen, nearest(atlas.cells[:, sy, sx].to(codes.dtype)), unknown)
+        central = torch.where(known, nearest(kept.to(codes.dtype)), unknown)
+        raw = last[:, 0][None, : self.k].to(self.std.dtype) * self.std[: self.k] + self.mean[: self.k]
+        flat, colour = self.ae.flat_cells(raw, latest_cover)
+        colours = torch.tensor(palette, dtype=colour.dtype, device=colour.device) / 127.5 - 1  # (K, 3)
+        shade = (colour[0].movedim(0, -1)[..., None, :] - colours).square().sum(-1).argmin(-1)  # (g, g)
+        region[r : r + g, r : r + g] = torch.where(flat[0, 0], shade, central)
+        drawn = torch.where(
+            fresh, self.prior.fill(region, fresh, places[:, r : r + g, r : r + g], atlas.salt), 0
+        )
+        return codes[drawn].permute(2, 0, 1).to(kept.dtype)
 
     def whole(self, pos: torch.Tensor) -> torch.Tensor:
         """(N, 1, g, g) bool: the cells every pixel of which lies in a view at `pos` (N, 2)."""
@@ -242,14 +314,14 @@ class Cartographer:
         inside = (edge >= pos[..., None]) & (edge + self.s <= pos[..., None] + self.size)  # (N, 2, g)
         return (inside[:, 1, :, None] & inside[:, 0, None, :])[:, None]
 
-    def slots(self, origin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The tiles (2, g, g) (x, y) under a canvas whose cell (0, 0) is `origin`, and their slots'
-        row and column (g, g) each."""
-        c = torch.arange(self.g, device=origin.device)
+    def slots(self, origin: torch.Tensor, margin: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tiles (2, G, G) (x, y) under a canvas whose cell (0, 0) is `origin`, widened by
+        `margin` tiles on every side (G = g + 2 margin), and their slots' row and column (G, G) each."""
+        c = torch.arange(-margin, self.g + margin, device=origin.device)
         tiles = torch.stack(
             [
-                (origin[0] + c)[None, :].expand(self.g, -1),
-                (origin[1] + c)[:, None].expand(-1, self.g),
+                (origin[0] + c)[None, :].expand(len(c), -1),
+                (origin[1] + c)[:, None].expand(-1, len(c)),
             ]
         )
         return tiles, tiles[1] % self.tiles, tiles[0] % self.tiles

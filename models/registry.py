@@ -10,6 +10,9 @@ A model directory has diffusers' layout plus one file of serving settings::
     DIR/vae/diffusion_pytorch_model.safetensors
     DIR/gate/key_gate.safetensors            optional: a learned key gate (models/key_gate.py),
                                              its KeyGateConfig in worldserve.json "gate"
+    DIR/terrain/terrain_prior.safetensors    optional: a learned terrain prior for worlds with an
+                                             atlas (models/terrain_prior.py), its
+                                             TerrainPriorConfig in worldserve.json "terrain"
 
 `transformer/config.json` is accepted too when worldserve.json has no "transformer" entry,
 so a plain diffusers Wan checkpoint loads with only a small worldserve.json beside it.
@@ -51,6 +54,7 @@ from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDeco
 from models.key_gate import KeyGate, KeyGateConfig
 from models.sampler import FlowSchedule
 from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
+from models.terrain_prior import TerrainPrior, TerrainPriorConfig
 from models.tiny_world import WEIGHTS_DIR as TINY_WORLD_DIR
 from models.tiny_world import start_image as game_start_image
 from models.vae import StreamingDecoder, WanStreamingVAE
@@ -58,6 +62,7 @@ from models.world import World, WorldConfig
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 GATE_WEIGHTS = "gate/key_gate.safetensors"  # a world's key gate, relative to its directory
+TERRAIN_WEIGHTS = "terrain/terrain_prior.safetensors"  # a world's terrain prior, likewise
 # diffusers' own loader drops these keys (Wan I2V leftovers); so do we.
 IGNORED_KEYS = ("norm_added_q",)
 DECODER_KINDS = ("wan", "fast", "taehv")  # worldserve.json "decoder.kind" values
@@ -209,6 +214,7 @@ def with_decoder(world: World, spec: str) -> World:
         dtype=world.dtype,
         start_image=world._start_image,
         gate=world.gate,
+        terrain=world.terrain,
     )
     out.prompts = world.prompts
     return out
@@ -310,18 +316,29 @@ def save_world(
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(root / "vae" / WEIGHTS))
     if world.gate is not None:
         save_gate(world.gate, root)
+    if world.terrain is not None:
+        save_terrain(world.terrain, root)
 
 
 def save_gate(gate: KeyGate, path: str | Path) -> None:
     """Write a key gate into a model directory: its weights, and its config as worldserve.json's
     "gate" entry (the rest of the directory is left as it is)."""
+    _save_part(gate, gate.cfg.to_dict(), "gate", GATE_WEIGHTS, path)
+
+
+def save_terrain(prior: TerrainPrior, path: str | Path) -> None:
+    """Write a terrain prior into a model directory, as `save_gate` a gate ("terrain" entry)."""
+    _save_part(prior, prior.cfg.to_dict(), "terrain", TERRAIN_WEIGHTS, path)
+
+
+def _save_part(module: torch.nn.Module, config: dict, entry: str, weights: str, path: str | Path) -> None:
     root = Path(path)
     meta_path = root / "worldserve.json"
     meta = json.loads(meta_path.read_text())
-    meta["gate"] = gate.cfg.to_dict()
-    (root / GATE_WEIGHTS).parent.mkdir(parents=True, exist_ok=True)
+    meta[entry] = config
+    (root / weights).parent.mkdir(parents=True, exist_ok=True)
     save_file(
-        {k: v.detach().float().contiguous() for k, v in gate.state_dict().items()}, str(root / GATE_WEIGHTS)
+        {k: v.detach().float().contiguous() for k, v in module.state_dict().items()}, str(root / weights)
     )
     meta_path.write_text(json.dumps(meta, indent=2))
 
@@ -374,6 +391,10 @@ def load_world(
         gate = KeyGate(KeyGateConfig.from_dict(meta["gate"]))
         load_state(gate, root / GATE_WEIGHTS)
         world.set_gate(gate)
+    if "terrain" in meta:
+        prior = TerrainPrior(TerrainPriorConfig.from_dict(meta["terrain"]))
+        load_state(prior, root / TERRAIN_WEIGHTS)
+        world.set_terrain(prior)
     if wcfg.atlas_tiles and not world.remembers:
         raise ValueError(f"{root}: atlas_tiles needs a key gate that plans the view's motion (gate.view)")
     if torch.device(device) == torch.device("cpu") and dtype == torch.float32:
@@ -387,6 +408,7 @@ def load_world(
         dtype=dtype,
         start_image=world._start_image,
         gate=world.gate,
+        terrain=world.terrain,
     )
 
 

@@ -40,6 +40,7 @@ from models.i2v import ImageConditioner
 from models.key_gate import KeyGate, read_motion
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry, pin
+from models.terrain_prior import TerrainPrior
 from models.vae import DecoderCache, StreamingDecoder, decode_batch
 
 
@@ -195,6 +196,7 @@ class World:
         start_image: Callable[[int], np.ndarray] | None = None,
         conditioner: ImageConditioner | None = None,
         gate: KeyGate | None = None,
+        terrain: TerrainPrior | None = None,
     ) -> None:
         self.config = config
         self.transformer = transformer.eval()
@@ -242,6 +244,9 @@ class World:
             if ae is None or not ae.cfg.frame_size:
                 raise ValueError("atlas_tiles needs a decoder on tile-aligned latents")
             self.cartographer = Cartographer(ae, config.atlas_tiles, config.world_tiles, config.wall_rgb)
+        self.terrain: TerrainPrior | None = None  # draws the tiles sessions show first (`set_terrain`)
+        if terrain is not None:
+            self.set_terrain(terrain)
 
     def set_gate(self, gate: KeyGate) -> None:
         """Give the world a key gate (`steer`), on its device and dtype."""
@@ -253,6 +258,14 @@ class World:
                 f"key gate reads {gate.cfg.in_channels} latent channels, the DiT makes {self.latent_shape[0]}"
             )
         self.gate = gate.to(device=self.device, dtype=self.dtype).eval()
+
+    def set_terrain(self, prior: TerrainPrior) -> None:
+        """Give the world a terrain prior: the tiles a session shows for the first time are drawn
+        from it (`Cartographer.invent`); needs an atlas (`atlas_tiles`)."""
+        if self.cartographer is None:
+            raise ValueError("a terrain prior needs an atlas (atlas_tiles > 0)")
+        self.terrain = prior.to(device=self.device, dtype=self.dtype).eval()
+        self.cartographer.set_prior(self.terrain)
 
     # -- description ----------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@
 * `world_displacement(frames, axis)`: how far the player walked, from the frames alone.
 * `sprite_count(frame)`: how many separate player-coloured blobs a frame shows;
 * `sharpness(frames)`: per-frame mean absolute horizontal gradient (blur lowers it);
+* `terrain_structure(frames)`: the share of each terrain kind and how often water meets grass
+  without a shore (the game rings its lakes with sand);
 * `free_worlds(n, frames, first_seed)`: game worlds where held keys scroll the view freely.
 """
 
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from models.game import simulate
+from models.game import Palette, Tile, simulate
 
 if TYPE_CHECKING:
     import torch
@@ -147,6 +149,29 @@ def sharpness(frames: np.ndarray) -> np.ndarray:
     """(N,) mean absolute horizontal gradient of each frame (N, H, W, 3), in intensity levels."""
     f = frames.astype(np.float32)
     return np.abs(np.diff(f, axis=2)).mean(axis=(1, 2, 3))
+
+
+def terrain_structure(frames: np.ndarray, palette: Palette | None = None) -> dict[str, float]:
+    """Frames (N, H, W, 3) -> the share of their pixels of each terrain kind (the nearest of the
+    palette's colours, within 30 levels; sprites and blends count for none), and of the pixel
+    pairs one tile apart across a kind boundary that touch water, the share where grass meets the
+    water without sand between (the game's lakes have shores: a few percent)."""
+    shades = (palette or Palette()).terrain().reshape(-1, 3).astype(np.float32)  # kind = index // 2
+    kinds = np.zeros(len(Tile))
+    water = grass = 0
+    for i in range(0, len(frames), 64):  # 64 frames at a time: the distances take 8 floats a pixel
+        f = frames[i : i + 64].astype(np.float32)
+        dist = ((f[..., None, :] - shades) ** 2).sum(-1)  # (n, H, W, 8)
+        kind = dist.argmin(-1) // 2
+        kind[dist.min(-1) > 30.0**2] = -1
+        kinds += np.bincount(kind[kind >= 0], minlength=len(Tile))
+        a, b = kind[..., :, :-8], kind[..., :, 8:]  # one tile apart horizontally
+        edge = (a >= 0) & (b >= 0) & ((a == Tile.WATER) != (b == Tile.WATER))
+        water += int(edge.sum())
+        grass += int((edge & ((a == Tile.GRASS) | (b == Tile.GRASS))).sum())
+    out = {t.name.lower(): float(kinds[t] / max(1, frames[..., 0].size)) for t in Tile}
+    out["water_meets_grass"] = grass / max(1, water)
+    return out
 
 
 def free_worlds(n: int, frames: int, first_seed: int, keys: str = "dasw") -> list[int]:

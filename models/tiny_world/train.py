@@ -86,7 +86,12 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              small classifier from a latent frame to each movement key's room in the next chunk,
              on every episode frame in the served history's form, labelled by the game's rule on
              each world's map; half the frames see the player moved up to `gate_jitter` px.
-    export   DIR/model: a model directory (worldserve.json + transformer/ + vae/ [+ gate/]) for load_world
+    terrain  the terrain prior (`terrain_steps` > 0, with a gate that plans the view: the atlas;
+             models/terrain_prior.py, models/tiny_world/terrain.py): a classifier from a tile's
+             neighbourhood as a session knows it to the tile, on the training worlds' maps; the
+             atlas draws every tile that comes into view for the first time from it.
+    export   DIR/model: a model directory (worldserve.json + transformer/ + vae/ [+ gate/] [+ terrain/])
+             for load_world
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
 mask, few-step flow sampling), Diffusion Forcing (independent per-chunk noise), rectified flow
@@ -126,6 +131,7 @@ from models.game import Game, GameConfig, GameError, generate_world, held_moves,
 from models.key_gate import KeyGate
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry, pin
+from models.terrain_prior import TerrainPrior
 from models.tiny_world import (
     SIZE,
     TRAIN_SCHEDULE,
@@ -146,14 +152,15 @@ from models.tiny_world.gate import (
     world_walls,
 )
 from models.tiny_world.metrics import KEY_AXES, off_centre
+from models.tiny_world.terrain import TerrainTrainConfig, class_maps, terrain_config, train_terrain
 from models.world import World
 
-STAGES = ("ae", "dit", "sf", "sf2", "sf3", "gate", "done")
+STAGES = ("ae", "dit", "sf", "sf2", "sf3", "gate", "terrain", "done")
 SF_STAGES = ("sf", "sf2", "sf3")
 MOTION_FRAMES = 8  # frames a key is held for `key_motions`: two chunks, past the next one
 # Settings whose default changed the recipe when they were added: their value before, so a run
 # checkpointed before them resumes (and exports) as it was started.
-ABSENT = {"sf2_steps": 0, "sf3_steps": 0, "sf3_release_blocked": False, "gate_steps": 0}
+ABSENT = {"sf2_steps": 0, "sf3_steps": 0, "sf3_release_blocked": False, "gate_steps": 0, "terrain_steps": 0}
 # Anchored targets (`sf_target` "anchor"): how far (frame pixels) the model's view may have
 # drifted from the game's and still be found, and how well it must match the game's terrain
 # there (PSNR, dB) to be trained on; below it the model's world no longer is the game's map.
@@ -273,6 +280,9 @@ class TrainConfig:
     # `gate_jitter` px, as a generated frame may draw it.
     gate_steps: int = 3000
     gate_jitter: int = 6
+    # The terrain prior (`models.terrain_prior`; models/tiny_world/terrain.py), trained last on the
+    # training worlds' maps alone (0 steps, or no atlas: none; the DiT invents new terrain).
+    terrain_steps: int = 3000
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines
@@ -1006,6 +1016,7 @@ class Trainer:
         self.aux_opt: torch.optim.Optimizer | None = None
         self.phase_log: dict[str, float] = {}  # the last step's unweighted loss on the phase channels
         self.gate: KeyGate | None = None  # the `gate` stage's key gate, once trained
+        self.terrain: TerrainPrior | None = None  # the `terrain` stage's prior, once trained
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -1043,6 +1054,7 @@ class Trainer:
                     else {}
                 ),
                 **({"gate": self.gate.state_dict()} if self.gate is not None else {}),
+                **({"terrain": self.terrain.state_dict()} if self.terrain is not None else {}),
             },
         )
 
@@ -1082,6 +1094,9 @@ class Trainer:
         if "gate" in state:
             self.gate = KeyGate(gate_config(self.ae))
             self.gate.load_state_dict(state["gate"])
+        if "terrain" in state:
+            self.terrain = TerrainPrior(terrain_config(self.ae.cfg.palette))
+            self.terrain.load_state_dict(state["terrain"])
         set_rng_state(self.rng, self.gen, state["rng"])
 
     def reuse_ae(self, run: Path) -> None:
@@ -1587,9 +1602,25 @@ class Trainer:
         )
         self.gate = gate
         self.log({**record, "seconds": round(time.monotonic() - t0, 1), "t": self.total_elapsed()})
-        self.stage, self.step = "done", 0
+        self.stage = "terrain" if c.terrain_steps > 0 and atlas_tiles(self.gate) else "done"
+        self.step = 0
         self.checkpoint()
         return True
+
+    def train_terrain(self) -> None:
+        """The `terrain` stage: the terrain prior (`models.terrain_prior`) on the training worlds'
+        maps in the autoencoder's palette (`class_maps`). Records its held-out figures in the log."""
+        c = self.cfg
+        t0 = time.monotonic()
+        maps = class_maps(
+            range(c.world_seed_base, c.world_seed_base + c.episodes), self.ae.cfg.palette, GameConfig()
+        )
+        self.terrain, record = train_terrain(
+            maps, self.ae.cfg.palette, TerrainTrainConfig(steps=c.terrain_steps), seed=c.seed
+        )
+        self.log({**record, "seconds": round(time.monotonic() - t0, 1), "t": self.total_elapsed()})
+        self.stage, self.step = "done", 0
+        self.checkpoint()
 
     def train_sf(self) -> bool:
         """The current self-forced phase (`sf`, `sf2` or `sf3`); False when the time limit stopped it."""
@@ -2112,7 +2143,12 @@ class Trainer:
         last = self.stage if self.stage in self.cfg.dit_stages() else self.cfg.dit_stages()[-1]
         config = world_config(carry=self.carried(last), atlas=atlas_tiles(self.gate))
         world = World(
-            config, self.ema.eval(), FastStreamingDecoder(self.ae.eval()), start_image=None, gate=self.gate
+            config,
+            self.ema.eval(),
+            FastStreamingDecoder(self.ae.eval()),
+            start_image=None,
+            gate=self.gate,
+            terrain=self.terrain if config.atlas_tiles else None,
         )
         model_dir = self.out / "model"
         save_world(world, model_dir, start_image={"kind": "game", "size": SIZE})
@@ -2135,6 +2171,8 @@ class Trainer:
                     return False
             if self.stage == "gate":
                 self.train_gate()
+            if self.stage == "terrain":
+                self.train_terrain()
             self.export()
             return True
         finally:

@@ -4,6 +4,8 @@ when a view shows them again, drawn as the game draws those tiles there."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -43,7 +45,7 @@ def test_a_start_frame_keeps_its_flat_tiles_wholly_in_view(world, carto):
     tiles, sy, sx = carto.slots(atlas.origin)
     assert torch.equal(atlas.tags[:, sy, sx][:, keep], tiles[:, keep])
     assert torch.equal(atlas.cells[:, sy, sx][:, keep], z[:k, 0][:, keep])
-    assert atlas.nbytes == (k * 64 * 64) * 4 + 2 * 64 * 64 * 8 + 2 * 8 + 4 * 8
+    assert atlas.nbytes == (k * 64 * 64) * 4 + 2 * 64 * 64 * 8 + 2 * 8 + 4 * 8 + 8
 
 
 def test_tiles_shown_before_come_back_where_the_game_draws_them(world, carto):
@@ -150,3 +152,37 @@ def test_the_border_is_pinned_as_wall_where_it_was_never_seen(world, bounded):
         cell = canvas[:, bottom * s : min((bottom + 1) * s, y + 64), col * s : (col + 1) * s]
         err = (cell[None] - walls[:, :, None, None]).abs().amax(dim=(1, 2, 3))
         assert float(err.min()) < 0.05, j  # one of the game's wall shades
+
+
+def test_tiles_never_shown_are_drawn_from_the_terrain_prior(world, carto):
+    # Views 8-11 px right of the start: the column entering on the right was neither remembered
+    # nor begun by the start frame. Without a prior the DiT draws it; with one it is pinned, a
+    # flat tile of the palette, the same on every call.
+    seed = free_worlds(1, 12, 1_050_000, keys="d")[0]
+    z = encode(world, simulate(seed, []).frames[0])
+    atlas = carto.start(z)
+    p = carto.phase(z[:, 0][None])[0]
+    phases = torch.stack([p[0] + torch.arange(8, 12), p[1].expand(4)])
+    _, left_to_dit = carto.recall(atlas, z, phases)
+    assert world.terrain is not None
+    drawing = Cartographer(world.decoder.ae, 64, prior=world.terrain)
+    values, mask = drawing.recall(atlas, z, phases)
+    again = drawing.recall(atlas, z, phases)
+    assert torch.equal(values, again[0]) and torch.equal(mask, again[1])
+    assert torch.equal(mask & left_to_dit, left_to_dit)  # what the atlas knew, it still pins
+    s, k, ae = carto.s, carto.k, world.decoder.ae
+    palette = torch.tensor(ae.cfg.palette, dtype=torch.float32) / 127.5 - 1  # (K, 3)
+    for j in range(4):
+        x = int(phases[0, j]) + 2 * s
+        right = (x + 63) // s  # the cell column the view's last pixel column lies in
+        new = mask[0, j, :, right] & ~left_to_dit[0, j, :, right]
+        assert int(new.sum()) >= 6, j  # the entering column, less cells a view cuts off
+        raw = values[:, j][None] * carto.std[:k] + carto.mean[:k]
+        with torch.no_grad():
+            canvas = ae.decoder(raw).clamp(-1, 1)[0]
+        for row in torch.nonzero(new).flatten().tolist():
+            cell = canvas[:, row * s : (row + 1) * s, right * s : x + 64]
+            err = (cell[None] - palette[:, :, None, None]).abs().amax(dim=(1, 2, 3))
+            assert float(err.min()) < 0.05, (j, row)  # a flat tile in one of the game's colours
+    with pytest.raises(ValueError, match="palette has 8"):
+        drawing.set_prior(type(world.terrain)(replace(world.terrain.cfg, classes=5)))

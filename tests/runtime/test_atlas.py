@@ -1,7 +1,8 @@
-"""Sessions that keep an atlas (models/atlas.py) in the chunk loop: the world plays as without one
-until a place comes back into view, then draws the tiles it showed there; the atlas moves only in
-a commit, so a cancelled chunk leaves it as it was and a pipelined chunk that loses the chunk below
-it runs again on the committed one; a fork shares it and a reset starts a new one."""
+"""Sessions that keep an atlas (models/atlas.py) in the chunk loop: without a terrain prior the world
+plays as without an atlas until a place comes back into view, then draws the tiles it showed there;
+with one, the tiles that come into view first are the prior's, the same ones each time; the atlas
+moves only in a commit, so a cancelled chunk leaves it as it was and a pipelined chunk that loses
+the chunk below it runs again on the committed one; a fork shares it and a reset starts a new one."""
 
 from __future__ import annotations
 
@@ -51,6 +52,13 @@ def plain(mapped: World) -> World:
 
 
 @pytest.fixture(scope="module")
+def remembering(mapped: World) -> World:
+    """The shipped world's atlas without its terrain prior."""
+    assert mapped.terrain is not None
+    return with_atlas(mapped, mapped.config.atlas_tiles)
+
+
+@pytest.fixture(scope="module")
 def seed() -> int:
     return free_worlds(1, 48, 1_060_000, keys="da")[0]
 
@@ -61,22 +69,32 @@ def play(world: World, seed: int, script: str) -> tuple[Engine, list[np.ndarray]
     return engine, [start[None]] + [committed(engine, "s", keys(k)).frames for k in script]
 
 
-def test_a_world_plays_as_without_an_atlas_until_a_place_comes_back(plain, mapped, seed):
+def test_a_world_plays_as_without_an_atlas_until_a_place_comes_back(plain, remembering, seed):
     _, without = play(plain, seed, OUT + BACK)
-    engine, with_atlas = play(mapped, seed, OUT + BACK)
+    engine, with_atlas = play(remembering, seed, OUT + BACK)
     out = len(OUT) + 1
     assert all(np.array_equal(a, b) for a, b in zip(without[:out], with_atlas[:out], strict=True))
     # Back on the start's anchor, every tile wholly in view is drawn as the start frame drew it.
-    st, carto = engine.runner.streams["s"].state, mapped.cartographer
+    st, carto = engine.runner.streams["s"].state, remembering.cartographer
     assert st.atlas.origin.tolist() == [0, 0]
     pos = carto.phase(st.last_latent[:, 0][None])
     start, end = with_atlas[0][0], with_atlas[-1][-1]
-    assert torch.equal(pos, carto.phase(mapped.decoder.encode(start[None])[:, 0][None]))
+    assert torch.equal(pos, carto.phase(remembering.decoder.encode(start[None])[:, 0][None]))
     x, y = (pos[0] + 2 * carto.s).tolist()
     whole = carto.whole(pos + 2 * carto.s)[0, 0].repeat_interleave(carto.s, 0).repeat_interleave(carto.s, 1)
     whole = whole[y : y + 64, x : x + 64].numpy()
     same = np.abs(end.astype(int) - start).max(axis=-1) <= 24
     assert whole.sum() >= 49 * 64 and same[whole].mean() > 0.97
+
+
+def test_the_terrain_prior_draws_what_comes_into_view_first_the_same_each_time(remembering, mapped, seed):
+    _, own = play(remembering, seed, OUT)
+    _, drawn = play(mapped, seed, OUT)
+    _, again = play(mapped, seed, OUT)
+    assert all(np.array_equal(a, b) for a, b in zip(drawn, again, strict=True))
+    assert np.array_equal(own[0], drawn[0])  # the start frame is the game's
+    differ = [not np.array_equal(a, b) for a, b in zip(own[1:], drawn[1:], strict=True)]
+    assert differ[-1] and sum(differ) >= len(OUT) // 2  # the new columns are the prior's
 
 
 @pytest.mark.parametrize("boundary", ["denoise:0", "decode", "commit"])  # the clean pass runs after commit

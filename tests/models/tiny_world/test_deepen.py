@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.registry import from_name, load_world, save_world
+from models.registry import from_name, load_world
 from models.tiny_world.train import deepen
-from models.world import World
-from tests.models.tiny_world.test_teacher_forcing import serve_random_policy
+from tests.models.tiny_world.test_teacher_forcing import serve_random_policy, with_transformer
 from tests.models.tiny_world.test_train_cli import train_tiny
 
 
@@ -37,12 +36,7 @@ def test_a_grown_model_serves_the_original_frames(tmp_path: Path):
     for key in ("patch_embedding.weight", "proj_out.weight", "condition_embedder.time_proj.weight"):
         assert torch.equal(grown.state_dict()[key], old[key])
 
-    save_world(
-        World(world.config, grown.eval(), world.decoder, start_image=None, gate=world.gate),
-        tmp_path / "grown",
-        start_image={"kind": "game", "size": 64},
-    )
-    served, _ = serve_random_policy(load_world(tmp_path / "grown"), 1_000_321, 3)
+    served, _ = serve_random_policy(with_transformer(world, grown, tmp_path / "grown"), 1_000_321, 3)
     original, _ = serve_random_policy(world, 1_000_321, 3)
     assert np.abs(served.astype(int) - original.astype(int)).max() <= 1
 

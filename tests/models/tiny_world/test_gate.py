@@ -75,15 +75,19 @@ def test_jitter_moves_only_the_sprite_centre():
     assert torch.equal(out[1], z[1])
 
 
-def test_the_gate_stage_exports_a_world_with_its_gate(tmp_path: Path):
-    train_tiny(tmp_path / "run", *TILED, "--episodes", "4", "--gate-steps", "3")
+def test_the_gate_and_terrain_stages_export_a_world_with_both(tmp_path: Path):
+    train_tiny(tmp_path / "run", *TILED, "--episodes", "4", "--gate-steps", "3", "--terrain-steps", "2")
     log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     (record,) = [r for r in log if r["stage"] == "gate"]
     assert 0.0 <= record["accuracy"] <= 1.0 and record["pairs"] == 1 * 17 * 4  # one held-out episode
+    (terrain,) = [r for r in log if r["stage"] == "terrain"]
+    assert terrain["examples"] == 8192 and terrain["cross_entropy"] > 0
     world = load_world(tmp_path / "run" / "model")
     assert world.gate is not None and world.keeps_last
     assert world.config.carry_channels == ()  # served as the last DiT stage (sf, no carry) trained it
     assert world.remembers and world.config.atlas_tiles == ATLAS_TILES  # its gate plans the view
+    assert world.terrain is not None and world.cartographer.prior is world.terrain
+    assert world.terrain.cfg.classes == len(world.decoder.ae.cfg.palette)
 
 
 def test_a_run_without_a_sprite_layer_asks_for_no_gate(tmp_path: Path, capsys):

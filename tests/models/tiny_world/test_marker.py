@@ -15,14 +15,13 @@ import torch
 
 from models.causal_wan import MarkerConfig, frame_attention_mask, sprite_marker
 from models.fast_decoder import phase_channels, sprite_channels
-from models.registry import from_name, load_world, save_world
+from models.registry import from_name, load_world
 from models.tiny_world import ae_config, marker_config
 from models.tiny_world.data import make_episodes
 from models.tiny_world.train import AuxHeads, main, with_marker
-from models.world import World
 from tests.models.conftest import tiny_config
 from tests.models.test_causal_wan import TOL, H, W, rollout
-from tests.models.tiny_world.test_teacher_forcing import serve_random_policy
+from tests.models.tiny_world.test_teacher_forcing import serve_random_policy, with_transformer
 from tests.models.tiny_world.test_train_cli import train_tiny
 
 
@@ -80,12 +79,7 @@ def test_a_marked_copy_serves_the_original_frames_until_the_marker_has_weight(tm
     assert marked.cfg.marker == marker and marked.patch_embedding.weight.shape[1] == 15 + 2
     with pytest.raises(ValueError, match="already"):
         with_marker(marked, marker)
-    save_world(
-        World(world.config, marked.eval(), world.decoder, start_image=None, gate=world.gate),
-        tmp_path / "marked",
-        start_image={"kind": "game", "size": 64},
-    )
-    loaded = load_world(tmp_path / "marked")
+    loaded = with_transformer(world, marked, tmp_path / "marked")
     assert loaded.transformer.cfg == marked.cfg
     served, _ = serve_random_policy(loaded, 1_000_321, 3)
     original, _ = serve_random_policy(world, 1_000_321, 3)

@@ -23,6 +23,7 @@ from models.tiny_world import (
     world_config,
 )
 from models.tiny_world.metrics import KEY_AXES, free_worlds, world_displacement
+from models.tiny_world.terrain import terrain_config
 from models.tiny_world.train import TrainConfig, Trainer
 from models.world import Conditioning
 from runtime.engine import Engine
@@ -59,6 +60,10 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     assert {k: getattr(cfg, k) for k in second} == second
     assert (cfg.sf3_steps, cfg.sf3_phase_weight) == (250, 2.0) and cfg.dit_stages()[-1] == "sf3"
     assert cfg.sf3_release_blocked and (cfg.gate_steps, cfg.gate_jitter) == (3000, 6)
+    # The terrain prior (row BN): the `terrain` stage's, on the autoencoder's palette.
+    assert cfg.terrain_steps == 3000 and world.terrain is not None
+    assert world.terrain.cfg == terrain_config(world.decoder.ae.cfg.palette)
+    assert world.cartographer.prior is world.terrain
     # The key gate reads the latents the DiT makes and gives each key's room for one chunk.
     assert world.gate is not None and world.gate.cfg.moves == tuple(KEY_AXES)
     assert (

@@ -87,6 +87,24 @@ def test_schedule_helpers():
     assert s.min() >= 0 and s.max() <= 1 and (s == 1.0).float().mean() > 0.2
 
 
+def with_transformer(world, transformer, path):
+    """`world` (its decoder, gate and terrain prior) with another DiT, written to the model
+    directory `path` and loaded back from it, as a trainer's export is served."""
+    from models.registry import load_world, save_world
+    from models.world import World
+
+    other = World(
+        world.config,
+        transformer.eval(),
+        world.decoder,
+        start_image=None,
+        gate=world.gate,
+        terrain=world.terrain,
+    )
+    save_world(other, path, start_image={"kind": "game", "size": 64})
+    return load_world(path)
+
+
 def serve_random_policy(world, seed: int, n_chunks: int) -> tuple[np.ndarray, list[frozenset[str]]]:
     """One engine session of `world` (seed `seed`) under the game's random policy for `n_chunks`
     chunks: its frames (start frame first) and the policy's keys."""
@@ -126,19 +144,20 @@ def test_self_forced_history_is_the_engines_rollout(sink, carry, tmp_path):
     from models.tiny_world.train import rollout_history
     from models.world import Conditioning
 
-    world = from_name("tiny-world")
-    shipped_carry, n_chunks = world.config.carry_channels, 2
-    if sink or carry:
-        shutil.copytree(WEIGHTS_DIR, tmp_path / "w")
-        card = json.loads((tmp_path / "w" / "worldserve.json").read_text())
-        if sink:
-            card["transformer"].update(sink_frames=1, window_frames=8)
-        if carry:
-            card["world"]["carry_channels"] = list(carried_channels(place=True, view=True))
-        (tmp_path / "w" / "worldserve.json").write_text(json.dumps(card))
-        world, n_chunks = load_world(tmp_path / "w"), 4
-        assert world.transformer.cfg.sink_frames == int(sink)
-        assert world.config.carry_channels == (carried_channels(True, True) if carry else shipped_carry)
+    shipped_carry = from_name("tiny-world").config.carry_channels
+    # The trainer's rollouts draw every tile themselves: the world is served here without the
+    # terrain prior, whose draws the atlas pins (the tiles shown never come back in these chunks).
+    shutil.copytree(WEIGHTS_DIR, tmp_path / "w")
+    card = json.loads((tmp_path / "w" / "worldserve.json").read_text())
+    del card["terrain"]
+    if sink:
+        card["transformer"].update(sink_frames=1, window_frames=8)
+    if carry:
+        card["world"]["carry_channels"] = list(carried_channels(place=True, view=True))
+    (tmp_path / "w" / "worldserve.json").write_text(json.dumps(card))
+    world, n_chunks = load_world(tmp_path / "w"), 4 if sink or carry else 2
+    assert world.terrain is None and world.transformer.cfg.sink_frames == int(sink)
+    assert world.config.carry_channels == (carried_channels(True, True) if carry else shipped_carry)
     seed, chunk = 1_000_123, world.chunk_frames
     served, script = serve_random_policy(world, seed, n_chunks)
 
