@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -34,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.server_overhead import ws_latency
-from benchmarks.serving import start_server
+from benchmarks.serving import report, start_server
 from models.registry import from_name
 
 RESULTS = Path(__file__).parent / "results"
@@ -95,23 +92,19 @@ def main() -> None:
     for (c, t), r in got["ratio"].items():
         ratios[f"{c}/think{t:g}"] = round(statistics.median(r), 3)
         runs[f"{c}/think{t:g}"] = [round(x, 3) for x in r]
-    result = {
-        "benchmark": "deferred_clean_pass",
-        "command": "python " + " ".join(sys.argv),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
-        "model": world.spec.id,
-        "video_frames_per_chunk": frames,
-        "engine_threads": args.threads,
-        "steps": args.steps,
-        "rounds": args.rounds,
-        "think_ms": args.think_ms,
-        "paths": paths,
-        "step_latency_ratio_off_to_on": ratios,
-        "step_latency_ratio_off_to_on_runs": runs,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    report(
+        args.out,
+        "deferred_clean_pass",
+        model=world.spec.id,
+        video_frames_per_chunk=frames,
+        engine_threads=args.threads,
+        steps=args.steps,
+        rounds=args.rounds,
+        think_ms=args.think_ms,
+        paths=paths,
+        step_latency_ratio_off_to_on=ratios,
+        step_latency_ratio_off_to_on_runs=runs,
+    )
 
 
 if __name__ == "__main__":

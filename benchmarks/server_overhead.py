@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -39,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.serving import start_server
+from benchmarks.serving import report, start_server
 from models.actions import FrameAction
 from models.registry import from_name
 from sessions.events import FramesEvent, SessionEvent
@@ -285,21 +283,17 @@ def main() -> None:
         proc.terminate()
         proc.wait(60)
     encode = {f"{w}x{h}": {c: encode_ms(c, h, w) for c in CODECS} for w, h in ((256, 256), (640, 360))}
-    result = {
-        "benchmark": "server_overhead",
-        "command": "python " + " ".join(sys.argv),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
-        "torch_threads": args.threads,
-        "chunks": args.chunks,
-        "steps": args.steps,
-        "rounds": args.rounds,
-        "max_ahead": args.max_ahead,
+    report(
+        args.out,
+        "server_overhead",
+        torch_threads=args.threads,
+        chunks=args.chunks,
+        steps=args.steps,
+        rounds=args.rounds,
+        max_ahead=args.max_ahead,
         **served,
-        "encode_ms_per_frame": encode,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+        encode_ms_per_frame=encode,
+    )
 
 
 if __name__ == "__main__":

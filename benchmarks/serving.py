@@ -1,10 +1,30 @@
-"""Start `worldserve serve` as a subprocess for the websocket benchmarks (one place for all)."""
+"""Start `worldserve serve` as a subprocess for the websocket benchmarks, and write their results
+(one place for all)."""
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
+
+
+def report(out: Path, benchmark: str, **fields: object) -> None:
+    """Write a benchmark's result to `out` as JSON and print it: its name, the command, the
+    machine, then `fields`."""
+    result = {
+        "benchmark": benchmark,
+        "command": "python " + " ".join(sys.argv),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        **fields,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
 
 
 def start_server(model: str, threads: int, *extra: str) -> tuple[subprocess.Popen[str], str]:

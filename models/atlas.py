@@ -80,12 +80,11 @@ class Cartographer:
         tiles: int,
         world_tiles: int = 0,
         wall: tuple[tuple[int, int, int], ...] = (),
-        prior: TerrainPrior | None = None,
     ) -> None:
         """`world_tiles` > 0: the world is a square of that many tiles whose outer ring is wall,
         each tile in one of the colours `wall` (RGB 0-255), and sessions learn its bounds
-        (`Atlas.bounds`); 0: unknown. `prior`: tiles coming into view for the first time are drawn
-        from it (`invent`); None: the DiT invents them."""
+        (`Atlas.bounds`); 0: unknown. Without a terrain prior (`set_prior`) the DiT invents the
+        tiles that come into view for the first time."""
         cfg = ae.cfg
         if not cfg.frame_size:
             raise ValueError("an atlas needs tile-aligned latents (FastAEConfig.frame_size)")
@@ -104,8 +103,6 @@ class Cartographer:
         self.span = world_tiles * self.s - self.size if world_tiles else 0
         self.wall = tuple(tuple(c) for c in wall)
         self.prior: TerrainPrior | None = None
-        if prior is not None:
-            self.set_prior(prior)
 
     def set_prior(self, prior: TerrainPrior) -> None:
         """Draw the tiles that come into view for the first time from `prior` (`invent`)."""
@@ -288,8 +285,7 @@ class Cartographer:
         Only the fresh entries are meant to be read."""
         assert self.prior is not None
         r, g, unknown = self.prior.cfg.window // 2, self.g, self.prior.cfg.unknown
-        palette = tuple(tuple(c) for c in self.ae.cfg.palette)
-        codes = self.codes(palette)  # (K, k)
+        codes = self.codes(tuple(tuple(c) for c in self.ae.cfg.palette))  # (K, k)
 
         def nearest(cells: torch.Tensor) -> torch.Tensor:  # (k, ...) normalised -> (...) palette index
             return (cells.movedim(0, -1)[..., None, :] - codes).square().sum(-1).argmin(-1)
@@ -300,9 +296,7 @@ class Cartographer:
         central = torch.where(known, nearest(kept.to(codes.dtype)), unknown)
         raw = last[:, 0][None, : self.k].to(self.std.dtype) * self.std[: self.k] + self.mean[: self.k]
         flat, colour = self.ae.flat_cells(raw, latest_cover)
-        colours = torch.tensor(palette, dtype=colour.dtype, device=colour.device) / 127.5 - 1  # (K, 3)
-        shade = (colour[0].movedim(0, -1)[..., None, :] - colours).square().sum(-1).argmin(-1)  # (g, g)
-        region[r : r + g, r : r + g] = torch.where(flat[0, 0], shade, central)
+        region[r : r + g, r : r + g] = torch.where(flat[0, 0], self.ae.palette_index(colour)[0], central)
         drawn = torch.where(
             fresh, self.prior.fill(region, fresh, places[:, r : r + g, r : r + g], atlas.salt), 0
         )

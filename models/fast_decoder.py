@@ -645,10 +645,15 @@ class FastAutoencoder(nn.Module):
         cover = self.view_cover(pos, cells.shape[-1])
         flat, mean = self.flat_cells(cells, cover)
         colours = torch.tensor(self.cfg.palette, dtype=cells.dtype, device=cells.device) / 127.5 - 1  # (K, 3)
-        dist = (mean.permute(0, 2, 3, 1)[..., None, :] - colours).square().sum(-1)  # (N, g, g, K)
-        tile = colours[dist.argmin(-1)].permute(0, 3, 1, 2)  # (N, 3, g, g)
+        tile = colours[self.palette_index(mean)].permute(0, 3, 1, 2)  # (N, 3, g, g)
         snapped = self.encode_seen(F.interpolate(tile, scale_factor=s, mode="nearest"), cover)
         return torch.where(flat, snapped, cells)
+
+    def palette_index(self, colour: torch.Tensor) -> torch.Tensor:
+        """Mean colours (N, 3, g, g) in [-1, 1] (`flat_cells`) -> the nearest palette entry's
+        index (N, g, g) long."""
+        palette = torch.tensor(self.cfg.palette, dtype=colour.dtype, device=colour.device) / 127.5 - 1
+        return (colour.permute(0, 2, 3, 1)[..., None, :] - palette).square().sum(-1).argmin(-1)
 
     def view_cover(self, pos: torch.Tensor, g: int) -> torch.Tensor:
         """(N, 1, S, S) canvases of g x g cells, 1 where a view whose top-left corner lies at

@@ -98,8 +98,8 @@ class TerrainPrior(nn.Module):
         parity = (places[0] + places[1]) % 2
         u = uniform(places, salt).reshape(-1, 1)
         for p in (0, 1):
-            windows = F.unfold(region[None, None].float(), w)[0].t().round().long()  # (g*g, w*w)
-            cdf = self(windows.view(-1, w, w)).float().softmax(-1).cumsum(-1)
+            windows = region.unfold(0, w, 1).unfold(1, w, 1).reshape(-1, w, w)  # (g*g, w, w)
+            cdf = self(windows).float().softmax(-1).cumsum(-1)
             drawn = (cdf < u).sum(-1).clamp(max=self.cfg.classes - 1).view(g, g)
             centre = region[r : r + g, r : r + g]
             region[r : r + g, r : r + g] = torch.where(fresh & (parity == p), drawn, centre)

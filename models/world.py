@@ -244,7 +244,6 @@ class World:
             if ae is None or not ae.cfg.frame_size:
                 raise ValueError("atlas_tiles needs a decoder on tile-aligned latents")
             self.cartographer = Cartographer(ae, config.atlas_tiles, config.world_tiles, config.wall_rgb)
-        self.terrain: TerrainPrior | None = None  # draws the tiles sessions show first (`set_terrain`)
         if terrain is not None:
             self.set_terrain(terrain)
 
@@ -264,8 +263,12 @@ class World:
         from it (`Cartographer.invent`); needs an atlas (`atlas_tiles`)."""
         if self.cartographer is None:
             raise ValueError("a terrain prior needs an atlas (atlas_tiles > 0)")
-        self.terrain = prior.to(device=self.device, dtype=self.dtype).eval()
-        self.cartographer.set_prior(self.terrain)
+        self.cartographer.set_prior(prior.to(device=self.device, dtype=self.dtype).eval())
+
+    @property
+    def terrain(self) -> TerrainPrior | None:
+        """The terrain prior sessions' atlases draw new tiles from (`set_terrain`), or None."""
+        return None if self.cartographer is None else self.cartographer.prior
 
     # -- description ----------------------------------------------------------------------------
 

@@ -165,7 +165,8 @@ def test_tiles_never_shown_are_drawn_from_the_terrain_prior(world, carto):
     phases = torch.stack([p[0] + torch.arange(8, 12), p[1].expand(4)])
     _, left_to_dit = carto.recall(atlas, z, phases)
     assert world.terrain is not None
-    drawing = Cartographer(world.decoder.ae, 64, prior=world.terrain)
+    drawing = Cartographer(world.decoder.ae, 64)
+    drawing.set_prior(world.terrain)
     values, mask = drawing.recall(atlas, z, phases)
     again = drawing.recall(atlas, z, phases)
     assert torch.equal(values, again[0]) and torch.equal(mask, again[1])
