@@ -25,13 +25,20 @@ Measures (JSON in --out/tiny_world_eval.json, plots tiny_world_psnr.png and tiny
   revisit probe the same with a*48, d*48 (frame 96), a walk past the DiT's 16-frame window (what
   comes back is the atlas's);
 * 512-frame rollouts: no NaN in the KV cache, per-frame statistics inside the simulator's range
-  (target >= 98 % of frames), sprite still present, PSNR and sharpness (mean absolute horizontal
-  gradient, model / game, target within +-25 % in every segment) by 64-frame segment, and after
-  frame 128 (mostly terrain that scrolled into view) the terrain's kinds and how often water meets
-  grass without a shore, model and game;
+  (target >= 98 % of frames; beside it, the game's own share on 8 worlds per seed drawn afresh
+  beyond the first frame, a perfect model's, as below), sprite still present, PSNR and sharpness
+  (mean absolute horizontal gradient, model / game, target within +-25 % in every segment) by
+  64-frame segment, and after frame 128 (mostly terrain that scrolled into view) the terrain's
+  kinds and how often water meets grass without a shore, model and game; the creatures' pixels
+  per frame, in the game, in the autoencoder's round trip of the game's frames and in the model's;
 * 600-frame rollouts (idle, held keys, random policy; 8 worlds each): exactly one player sprite
   within 2 px of the game's (target >= 98 % of frames); idle: PSNR of frame 600 against the game's
   (target >= 24 dB). One random-policy rollout is written as a side-by-side MP4 (game | model).
+  Beside the model, a perfect model of the game that sees only the first frame: the game itself on
+  8 worlds that show that frame and are drawn afresh beyond it (`metrics.unseen_resampled`); where
+  the world walks the player into walls and borders no frame has shown, no model can know where
+  the game's player is. The model's share is also given over the frames where all 8 agree with
+  the game ("knowable": the first frame decides them).
 """
 
 from __future__ import annotations
@@ -54,9 +61,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.actions import FrameAction
 from models.game import GameConfig, SimResult, parse_action_script, random_policy, simulate
+from models.game import World as GameWorld
 from models.registry import from_name
 from models.tiny_world.metrics import (
     KEY_AXES,
+    creature_pixels,
     frame_stats,
     free_worlds,
     off_centre,
@@ -65,6 +74,7 @@ from models.tiny_world.metrics import (
     sharpness,
     sprite_count,
     terrain_structure,
+    unseen_resampled,
     world_displacement,
 )
 from models.world import Conditioning, World
@@ -72,6 +82,7 @@ from runtime.engine import Engine
 from runtime.requests import ChunkCommitted, ChunkRequest
 
 EVAL_SEED_BASE = 1_000_000  # held-out worlds: the trainer uses seeds 0 .. episodes - 1
+UNSEEN_SEED_BASE = 7_000_000  # worlds that fill in what the first frame does not show
 HORIZONS = {"1-8": (1, 8), "9-32": (9, 32), "33-64": (33, 64), "1-32": (1, 32)}
 
 
@@ -294,11 +305,28 @@ def long_rollouts(engine: Engine, model_id: str, seeds: Sequence[int], n_frames:
         p = psnr(f, sim.frames)
         seg_psnr.append([float(p[i : i + 64].mean()) for i in range(1, n_frames, 64)])
     inside_all = np.concatenate(inside)
+    world = engine.worlds[model_id]
+    creatures = {  # (S, N+1) each
+        "game": np.stack([creature_pixels(s.frames) for s in sims]),
+        "autoencoder_round_trip": np.stack(
+            [creature_pixels(ae_reconstruction(world, s.frames)) for s in sims]
+        ),
+        "model": np.stack([creature_pixels(f) for f in frames]),
+    }
+    perfect = [  # the game on worlds drawn afresh beyond each first frame (`perfect_model_player`)
+        np.all((st >= lo - tol) & (st <= hi + tol), axis=1).mean()
+        for seed, script in zip(seeds, scripts, strict=True)
+        for st in (frame_stats(simulate(seed, script, world=w).frames) for w in unseen_worlds(seed, 8))
+    ]
     return {
         "seeds": list(seeds),
         "frames": n_frames,
         "nan_in_kv": any(nan),
         "stats_in_sim_range_fraction": float(inside_all.mean()),
+        "stats_in_sim_range_fraction_perfect_model": {
+            "mean": float(np.mean(perfect)),
+            "lowest_world": float(np.min(perfect)),
+        },
         "stats_tolerance_levels": tol,
         "sim_stats_range": {"min": lo.round(2).tolist(), "max": hi.round(2).tolist()},
         "model_stats_range": {
@@ -310,6 +338,9 @@ def long_rollouts(engine: Engine, model_id: str, seeds: Sequence[int], n_frames:
         "psnr_by_64_frame_segment": np.mean(seg_psnr, axis=0).round(2).tolist(),
         "sharpness_ratio_by_64_frame_segment": np.round(sharp_ratio, 3).tolist(),
         "sharpness_within_25pct": bool(all(0.75 <= r <= 1.25 for r in sharp_ratio)),
+        "creature_pixels_per_frame_by_64_frame_segment": {
+            k: [round(float(v[:, i : i + 64].mean()), 2) for i in segs] for k, v in creatures.items()
+        },
         "terrain_after_frame_128": {
             "game": terrain_structure(np.concatenate([s.frames[129:] for s in sims])),
             "model": terrain_structure(np.concatenate([f[129:] for f in frames])),
@@ -324,37 +355,66 @@ def held_keys_script(n_frames: int, hold: int = 40) -> list[frozenset[str]]:
     return [frozenset({order[(i // hold) % 4]}) for i in range(n_frames)]
 
 
+def perfect_model_player(seed: int, script: Sequence[frozenset[str]], sim: SimResult, n: int) -> np.ndarray:
+    """(n, N) bool: whether the game played on `n` worlds that show the seed's first frame but
+    are drawn afresh beyond it (`unseen_resampled`) has its player within 2 px of the game's on
+    the seed's own world, frame by frame. The mean is what a perfect model of the game, which
+    sees only the first frame, scores on the player target; frames where all `n` agree are the
+    ones whose player position that frame decides ("knowable")."""
+    out = []
+    for world in unseen_worlds(seed, n):
+        other = simulate(seed, script, world=world)
+        out.append(np.linalg.norm(other.player_pos[1:] - sim.player_pos[1:], axis=1) <= 2.0)
+    return np.stack(out)
+
+
+def unseen_worlds(seed: int, n: int) -> list[GameWorld]:
+    """`n` (<= 64) worlds that show the seed's first frame and are drawn afresh beyond it."""
+    if n > 64:
+        raise ValueError(f"at most 64 redrawn worlds, not {n}")
+    return [unseen_resampled(seed, UNSEEN_SEED_BASE + 64 * (seed % 100_000) + k) for k in range(n)]
+
+
 def minute_rollouts(
-    engine: Engine, model_id: str, n_seeds: int, n_frames: int, batch: int
+    engine: Engine, model_id: str, n_seeds: int, n_frames: int, batch: int, resamples: int = 8
 ) -> tuple[dict, tuple]:
     """`n_frames` under three policies (idle, held keys, random), `n_seeds` worlds each: the share
     of frames showing exactly one player sprite within 2 px of the game's, also split by where the
     game has the player (at the view's centre, or off it because the camera stops at the world's
-    border), and for idle how close the last frame stays to the game's. Returns (results, (game
-    frames, model frames) of the first random-policy rollout, for the video)."""
+    border), and for idle how close the last frame stays to the game's. Beside it, the same share
+    for a perfect model that sees only the first frame (`perfect_model_player`, `resamples` worlds
+    each) and the model's share over the frames whose player position the first frame decides.
+    Returns (results, (game frames, model frames) of the first random-policy rollout, for the
+    video)."""
     seeds = [EVAL_SEED_BASE + 30000 + i for i in range(n_seeds)]
     policies = {
         "idle": lambda s: [frozenset()] * n_frames,
         "held_keys": lambda s: held_keys_script(n_frames),
         "random": lambda s: random_policy(s, n_frames),
     }
-    out: dict = {"seeds": seeds, "frames": n_frames}
-    ok_all, centred_all, video = [], [], None
+    out: dict = {"seeds": seeds, "frames": n_frames, "unseen_resamples": resamples}
+    ok_all, centred_all, perfect_all, video = [], [], [], None
     for name, policy in policies.items():
         scripts = [policy(s) for s in seeds]
         frames, nan = batched(engine, model_id, seeds, scripts, batch)
         sims = [simulate(s, a) for s, a in zip(seeds, scripts, strict=True)]
-        ok = []
-        for f, sim in zip(frames, sims, strict=True):
+        ok, perfect = [], []
+        for f, sim, seed, script in zip(frames, sims, seeds, scripts, strict=True):
             one = np.array([sprite_count(x) == 1 for x in f[1:]])
             ok.append(one & (position_errors(f[1:], sim.player_pos[1:]) <= 2.0))
-        ok = np.stack(ok)  # (S, N)
+            perfect.append(perfect_model_player(seed, script, sim, resamples))
+        ok, perfect = np.stack(ok), np.stack(perfect)  # (S, N), (S, R, N)
         centred = np.stack([~off_centre(s.player_pos[1:], s.frames.shape[2]).any(axis=1) for s in sims])
+        knowable = perfect.all(axis=1)
         ok_all.append(ok)
         centred_all.append(centred)
+        perfect_all.append(perfect)
         last = [float(psnr(f[-1], sim.frames[-1])) for f, sim in zip(frames, sims, strict=True)]
         out[name] = {
             "player_ok_fraction": float(ok.mean()),
+            "player_ok_fraction_perfect_model": float(perfect.mean()),
+            "player_ok_where_knowable": float(ok[knowable].mean()) if knowable.any() else None,
+            "knowable_fraction": float(knowable.mean()),
             "player_ok_by_100_frames": [float(ok[:, i : i + 100].mean()) for i in range(0, n_frames, 100)],
             "psnr_last_frame_db": float(np.mean(last)),
             "psnr_by_100_frames_db": [
@@ -365,8 +425,12 @@ def minute_rollouts(
         }
         if name == "random":
             video = (sims[0].frames, frames[0])
-    ok, centred = np.concatenate(ok_all), np.concatenate(centred_all)
+    ok, centred, perfect = np.concatenate(ok_all), np.concatenate(centred_all), np.concatenate(perfect_all)
+    knowable = perfect.all(axis=1)
     out["player_ok_fraction"] = float(ok.mean())
+    out["player_ok_fraction_perfect_model"] = float(perfect.mean())
+    out["player_ok_where_knowable"] = float(ok[knowable].mean()) if knowable.any() else None
+    out["knowable_fraction"] = float(knowable.mean())
     out["game_player_off_centre_fraction"] = float(1.0 - centred.mean())
     out["player_ok_where_game_centred"] = float(ok[centred].mean()) if centred.any() else None
     out["player_ok_where_game_off_centre"] = float(ok[~centred].mean()) if (~centred).any() else None

@@ -275,9 +275,10 @@ class Game:
         self._frame = 0  # steps taken since reset
         self._rng = np.random.default_rng(0)  # creature wandering; reseeded by reset
 
-    def reset(self, seed: int) -> np.ndarray:
-        """Generate the world for ``seed``, place everything, and return the initial frame."""
-        world = generate_world(seed, self.config)
+    def reset(self, seed: int, world: World | None = None) -> np.ndarray:
+        """Generate the world for ``seed`` (or play ``world``, a map made elsewhere, with the
+        seed's creature wandering), place everything, and return the initial frame."""
+        world = generate_world(seed, self.config) if world is None else world
         self._world = world
         self._player = world.spawn[None, :].copy()
         self._creatures = world.creatures.copy()
@@ -442,12 +443,17 @@ class Game:
 
 
 def simulate(
-    seed: int, actions: Sequence[Iterable[str]], config: GameConfig | None = None, layers: bool = False
+    seed: int,
+    actions: Sequence[Iterable[str]],
+    config: GameConfig | None = None,
+    layers: bool = False,
+    world: World | None = None,
 ) -> SimResult:
     """Run the game for ``seed`` through ``actions``; see ``SimResult`` for the frame indexing.
-    ``layers``: also record every frame without the player and whether its ring is shown."""
+    ``layers``: also record every frame without the player and whether its ring is shown;
+    ``world``: play this map in place of the seed's (``Game.reset``)."""
     game = Game(config)
-    frames = [game.reset(seed)]
+    frames = [game.reset(seed, world)]
     screen = [game.player_screen_pos]
     world = [game.player_world_pos]
     backdrops = [game.render(player=False)] if layers else []

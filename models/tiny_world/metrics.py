@@ -8,9 +8,13 @@
 * `world_displacement(frames, axis)`: how far the player walked, from the frames alone.
 * `sprite_count(frame)`: how many separate player-coloured blobs a frame shows;
 * `sharpness(frames)`: per-frame mean absolute horizontal gradient (blur lowers it);
+* `creature_pixels(frames)`: per-frame count of pixels in (or near) the creatures' colour;
 * `terrain_structure(frames)`: the share of each terrain kind and how often water meets grass
   without a shore (the game rings its lakes with sand);
-* `free_worlds(n, frames, first_seed)`: game worlds where held keys scroll the view freely.
+* `free_worlds(n, frames, first_seed)`: game worlds where held keys scroll the view freely;
+* `unseen_resampled(seed, other)`: the seed's world with everything its first frame does not
+  show drawn afresh from the game's own distribution (what a perfect model of the game, seeing
+  only that frame, would play).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from models.game import Palette, Tile, simulate
+from models.game import Game, GameConfig, Palette, Tile, World, generate_world, simulate
 
 if TYPE_CHECKING:
     import torch
@@ -145,6 +149,15 @@ def sprite_count(frame: np.ndarray, min_pixels: int = MIN_SPRITE_PIXELS) -> int:
     return count
 
 
+def creature_pixels(frames: np.ndarray, palette: Palette | None = None, tolerance: int = 48) -> np.ndarray:
+    """(N,) the pixels of each frame (N, H, W, 3) within `tolerance` levels of the creatures'
+    colour on every channel (a 6 x 6 creature wholly in view is 36; no other colour of the game
+    comes that close)."""
+    colour = np.array((palette or Palette()).creature, dtype=np.int16)
+    near = np.abs(frames.astype(np.int16) - colour).max(axis=-1) <= tolerance
+    return near.sum(axis=(-2, -1))
+
+
 def sharpness(frames: np.ndarray) -> np.ndarray:
     """(N,) mean absolute horizontal gradient of each frame (N, H, W, 3), in intensity levels."""
     f = frames.astype(np.float32)
@@ -191,3 +204,49 @@ def free_worlds(n: int, frames: int, first_seed: int, keys: str = "dasw") -> lis
             seeds.append(seed)
         seed += 1
     return seeds
+
+
+def unseen_resampled(seed: int, other: int, config: GameConfig | None = None) -> World:
+    """World `seed` as far as its first frame shows it, the rest from world `other`: the tiles
+    the first view covers are pasted into `other`'s map, and along each axis where that view
+    shows no border the paste lands at a place drawn uniformly (by `other`) from every place
+    where the view would show none either, since the game's spawn is uniform. Creatures in view
+    stay; the rest are `other`'s. A perfect model of the game that sees only the first frame
+    plays a world drawn like this one, so the game on it bounds what any model can match."""
+    config = config or GameConfig()
+    t, n = config.tile, config.world_tiles
+    game = Game(config)
+    game.reset(seed)
+    a, b = game.world, generate_world(other, config)
+    camera = np.array(game.camera)  # the first view's top-left corner, world units (x, y)
+    lo = (camera // t).astype(int)  # first and last tile column / row in view, (x, y)
+    hi = (np.ceil((camera + config.view) / t) - 1).astype(int)
+    spawn = (a.spawn // t).astype(int)
+    rng = np.random.default_rng([other, seed])
+    shift = np.zeros(2, dtype=int)
+    for axis in (0, 1):
+        if lo[axis] == 0 or hi[axis] == n - 1:
+            continue  # the border is in view: where the world ends is known
+        moves = np.arange(-n, n + 1)
+        fits = (lo[axis] + moves >= 1) & (hi[axis] + moves <= n - 2)
+        fits &= (spawn[axis] + moves >= 2) & (spawn[axis] + moves <= n - 3)
+        shift[axis] = int(rng.choice(moves[fits]))
+    src = np.s_[lo[1] : hi[1] + 1, lo[0] : hi[0] + 1]
+    dst = np.s_[lo[1] + shift[1] : hi[1] + shift[1] + 1, lo[0] + shift[0] : hi[0] + shift[0] + 1]
+    kind, rgb, wall = b.kind.copy(), b.rgb.copy(), b.wall.copy()
+    kind[dst], rgb[dst], wall[dst] = a.kind[src], a.rgb[src], a.wall[src]
+    box_lo, box_hi = lo * t, (hi + 1) * t  # the pasted tiles, world units (x, y), in a's frame
+
+    def inside(c: np.ndarray, off: np.ndarray) -> np.ndarray:
+        return ((c + config.creature_size > box_lo + off) & (c < box_hi + off)).all(axis=1)
+
+    move = shift * float(t)
+    keep_a, keep_b = inside(a.creatures, 0), ~inside(b.creatures, move)
+    return World(
+        kind=kind,
+        rgb=rgb,
+        wall=wall,
+        spawn=a.spawn + move,
+        creatures=np.concatenate([a.creatures[keep_a] + move, b.creatures[keep_b]]),
+        velocities=np.concatenate([a.velocities[keep_a], b.velocities[keep_b]]),
+    )

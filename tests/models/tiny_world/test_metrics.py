@@ -1,11 +1,11 @@
-"""Frame measures of the eval: sprite counting and sharpness."""
+"""Frame measures of the eval: sprite counting, sharpness, free worlds, unseen worlds redrawn."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from models.game import simulate
-from models.tiny_world.metrics import sharpness, sprite_count
+from models.game import Game, GameConfig, generate_world, simulate
+from models.tiny_world.metrics import sharpness, sprite_count, unseen_resampled
 
 
 def test_sprite_count_sees_one_player_in_the_game_and_counts_doubles():
@@ -48,3 +48,34 @@ def test_free_worlds_scroll_the_view_a_pixel_a_frame_under_every_key():
         assert seed not in free_worlds(1, 12, seed)[:1]
     only_d = free_worlds(3, 12, 1_000_000, keys="d")
     assert len(only_d) == 3 and only_d[-1] <= seeds[-1]  # one key is a weaker condition than four
+
+
+def test_unseen_resampled_keeps_the_first_frame_and_redraws_the_rest():
+    seed, config = 1_000_000, GameConfig()
+    truth = generate_world(seed, config)
+    worlds = [unseen_resampled(seed, 7_000_000 + k) for k in range(3)]
+    start = Game(config).reset(seed)
+    for w in worlds:
+        assert np.array_equal(Game(config).reset(seed, w), start)  # what the model is shown
+        assert w.wall[[0, -1], :].all() and w.wall[:, [0, -1]].all()  # still a game world
+        assert not np.array_equal(w.kind, truth.kind)
+    # the first view shows no border here, so the place of the view in the world is drawn too
+    assert len({tuple(w.spawn) for w in worlds}) > 1
+    again = unseen_resampled(seed, 7_000_000)
+    assert np.array_equal(again.rgb, worlds[0].rgb) and np.array_equal(again.spawn, worlds[0].spawn)
+
+
+def test_unseen_resampled_keeps_a_border_the_first_frame_shows():
+    seed = 13  # its first view stops at the world's right edge, and shows no top or bottom edge
+    spawns = np.stack([unseen_resampled(seed, 7_000_000 + k).spawn for k in range(6)])
+    assert np.all(spawns[:, 0] == generate_world(seed, GameConfig()).spawn[0])
+    assert len(set(spawns[:, 1])) > 1
+    # so holding d walks the player up to the same wall on every redrawn world
+    moves = [frozenset({"d"})] * 40
+    truth = simulate(seed, moves).player_pos[-1]
+    assert all(
+        np.array_equal(
+            simulate(seed, moves, world=unseen_resampled(seed, 7_000_000 + k)).player_pos[-1], truth
+        )
+        for k in range(6)
+    )
