@@ -55,6 +55,13 @@ class Atlas:
     bounds: torch.Tensor
     salt: torch.Tensor  # () long: a hash of the start frame, which picks the terrain prior's draws
 
+    @classmethod
+    def stack(cls, atlases: list[Atlas]) -> Atlas:
+        """Several sessions' atlases as one batch: each field gains a leading session axis (what
+        `Cartographer.recall` reads, so a batch's sessions recall together)."""
+        fields = ("cells", "tags", "origin", "bounds", "salt")
+        return cls(*(torch.stack([getattr(a, f) for a in atlases]) for f in fields))
+
     @property
     def nbytes(self) -> int:
         """Bytes the version holds."""
@@ -203,14 +210,14 @@ class Cartographer:
         return torch.where((atlas.bounds[:, :1] != EMPTY), room, -1)
 
     def border(self, bounds: torch.Tensor, tiles: torch.Tensor) -> torch.Tensor:
-        """(g, g) bool: which of `tiles` (2, g, g) (`slots`) lie on the world's border ring as far
-        as `bounds` tell (an axis' two outermost tile lines, within the other axis' bounds where
-        those are known)."""
-        known = (bounds[:, 0] != EMPTY)[:, None, None]
-        first = torch.div(bounds[:, 0], self.s, rounding_mode="floor")[:, None, None]
-        last = torch.div(bounds[:, 1] + self.size, self.s, rounding_mode="floor")[:, None, None] - 1
-        inside = ~known | ((tiles >= first) & (tiles <= last))
-        ring = known & ((tiles == first) | (tiles == last))
+        """(..., g, g) bool: which of `tiles` (..., 2, g, g) (`slots`) lie on the world's border
+        ring as far as `bounds` (..., 2, 2) tell (an axis' two outermost tile lines, within the
+        other axis' bounds where those are known)."""
+        known = (bounds[..., 0] != EMPTY)[..., None, None]
+        first = torch.div(bounds[..., 0], self.s, rounding_mode="floor")[..., None, None]
+        last = torch.div(bounds[..., 1] + self.size, self.s, rounding_mode="floor")[..., None, None] - 1
+        inside = (~known | ((tiles >= first) & (tiles <= last))).unbind(-3)
+        ring = (known & ((tiles == first) | (tiles == last))).unbind(-3)
         return (ring[0] & inside[1]) | (ring[1] & inside[0])
 
     @torch.no_grad()
@@ -223,50 +230,53 @@ class Cartographer:
         return (raw - self.mean[: self.k, 0, 0]) / self.std[: self.k, 0, 0]
 
     def wall_tiles(self, tiles: torch.Tensor) -> torch.Tensor:
-        """(k, g, g) the wall code of each of `tiles` (2, g, g): the game draws each wall tile in
-        one of its colours at random, so a tile's colour here is a fixed hash of its place."""
-        shade = torch.remainder((tiles[0] * 73856093) ^ (tiles[1] * 19349663), len(self.wall))
-        return self.codes(self.wall)[shade].permute(2, 0, 1)
+        """(..., k, g, g) the wall code of each of `tiles` (..., 2, g, g): the game draws each wall
+        tile in one of its colours at random, so a tile's colour here is a fixed hash of its place."""
+        x, y = tiles.unbind(-3)
+        shade = torch.remainder((x * 73856093) ^ (y * 19349663), len(self.wall))
+        return self.codes(self.wall)[shade].movedim(-1, -3)
 
     @torch.no_grad()
     def recall(
         self, atlas: Atlas, last: torch.Tensor, phases: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """What the atlas knows of a chunk drawn on the anchor of the session's latest frame `last`
-        (C, 1, h, w), whose frames lie at `phases` (2, n) px on that canvas: the normalised cell
-        channels (k, n, h, w) as the encoder writes them for each frame's view, and where they hold
-        (1, n, h, w) bool: remembered tiles in that frame's view that the latest frame does not
-        show wholly. A tile on the world's border (`border`) that was neither remembered nor
-        begun by the latest frame (whose shade the DiT goes on drawing) is the border's wall; with
-        a terrain prior, every other such tile the chunk brings into view is drawn from it
-        (`invent`)."""
-        n = phases.shape[1]
-        tiles, sy, sx = self.slots(atlas.origin)
-        known = (atlas.tags[:, sy, sx] == tiles).all(dim=0)  # (g, g)
-        kept = atlas.cells[:, sy, sx].to(self.std.dtype)  # (k, g, g) normalised
-        latest = self.corner(last)
-        shown = self.whole(latest)[0, 0]
-        latest_cover = self.ae.view_cover(latest, self.g)
-        begun = F.max_pool2d(latest_cover, self.s)[0, 0] > 0
+        """What a batch of sessions' atlases (`Atlas.stack`: B sessions) know of a chunk each draws
+        on the anchor of its latest frame `last` (B, C, 1, h, w), whose frames lie at `phases`
+        (B, 2, n) px on that canvas: the normalised cell channels (B, k, n, h, w) as the encoder
+        writes them for each frame's view, and where they hold (B, 1, n, h, w) bool: remembered
+        tiles in that frame's view that the latest frame does not show wholly. A tile on the
+        world's border (`border`) that was neither remembered nor begun by the latest frame (whose
+        shade the DiT goes on drawing) is the border's wall; with a terrain prior, every other
+        such tile the chunk brings into view is drawn from it (`invent`). The sessions run as one
+        batch: a few dozen tensor ops per chunk whatever their number."""
+        b, n, g = phases.shape[0], phases.shape[2], self.g
+        tiles, sy, sx = self.slots(atlas.origin)  # (B, 2, g, g), (B, g, g) each
+        known = (self.gather(atlas.tags, sy, sx) == tiles).all(dim=1)  # (B, g, g)
+        kept = self.gather(atlas.cells, sy, sx).to(self.std.dtype)  # (B, k, g, g) normalised
+        latest = self.phase(last[:, :, 0]) + 2 * self.s  # (B, 2)
+        shown = self.whole(latest)[:, 0]
+        latest_cover = self.ae.view_cover(latest, g)
+        begun = F.max_pool2d(latest_cover, self.s)[:, 0] > 0
         if self.span:
             ring = self.border(atlas.bounds, tiles) & ~known & ~begun
-            kept = torch.where(ring, self.wall_tiles(tiles), kept)
+            kept = torch.where(ring[:, None], self.wall_tiles(tiles), kept)
             known = known | ring
-        pos = phases.t().to(torch.long) + 2 * self.s  # (n, 2)
-        cover = self.ae.view_cover(pos, self.g)  # (n, 1, S, S)
-        in_view = F.max_pool2d(cover, self.s) > 0  # (n, 1, g, g)
+        pos = phases.transpose(1, 2).reshape(b * n, 2).to(torch.long) + 2 * self.s
+        cover = self.ae.view_cover(pos, g)  # (B n, 1, S, S)
+        in_view = (F.max_pool2d(cover, self.s) > 0).view(b, n, g, g)
         if self.prior is not None:
-            fresh = in_view.any(dim=0)[0] & ~known & ~begun
-            kept = torch.where(fresh, self.invent(atlas, last, latest_cover, kept, known, fresh), kept)
+            fresh = in_view.any(dim=1) & ~known & ~begun
+            drawn = self.invent(atlas, last, latest_cover, kept, known, fresh)
+            kept = torch.where(fresh[:, None], drawn, kept)
             known = known | fresh
         raw = kept * self.std[: self.k] + self.mean[: self.k]
-        pixels = self.ae.decoder(raw[None]).clamp(-1, 1).expand(n, -1, -1, -1)
+        pixels = self.ae.decoder(raw).clamp(-1, 1).repeat_interleave(n, dim=0)  # (B n, 3, S, S)
         seen = (self.ae.encode_seen(pixels, cover) - self.mean[: self.k]) / self.std[: self.k]
         # A tile wholly in view is the remembered code itself; one the view cuts is re-encoded as
         # the encoder writes a cut tile.
-        values = torch.where(self.whole(pos), kept[None], seen)  # (n, k, g, g)
-        mask = in_view & known & ~shown
-        return values.transpose(0, 1).to(last.dtype), mask.transpose(0, 1)
+        values = torch.where(self.whole(pos), kept.repeat_interleave(n, dim=0), seen).view(b, n, self.k, g, g)
+        mask = in_view & known[:, None] & ~shown[:, None]
+        return values.transpose(1, 2).to(last.dtype), mask[:, None]
 
     @torch.no_grad()
     def invent(
@@ -278,29 +288,36 @@ class Cartographer:
         known: torch.Tensor,
         fresh: torch.Tensor,
     ) -> torch.Tensor:
-        """(k, g, g) the codes of the `fresh` (g, g) tiles of the canvas of the latest frame `last`
-        (C, 1, h, w), drawn from the terrain prior around what the session knows: the atlas'
-        tiles a prior's window around the canvas, the tiles `kept` (k, g, g) where `known`, and
-        every flat tile the latest frame shows through `latest_cover`, even in part (its colour).
-        Only the fresh entries are meant to be read."""
+        """(B, k, g, g) the codes of the `fresh` (B, g, g) tiles of the canvases of a batch of
+        sessions' latest frames `last` (B, C, 1, h, w) (`recall`), drawn from the terrain prior
+        around what each session knows: its atlas' tiles a prior's window around the canvas, the
+        tiles `kept` (B, k, g, g) where `known`, and every flat tile its latest frame shows through
+        `latest_cover`, even in part (its colour). Only the fresh entries are meant to be read."""
         assert self.prior is not None
         r, g, unknown = self.prior.cfg.window // 2, self.g, self.prior.cfg.unknown
         codes = self.codes(tuple(tuple(c) for c in self.ae.cfg.palette))  # (K, k)
 
-        def nearest(cells: torch.Tensor) -> torch.Tensor:  # (k, ...) normalised -> (...) palette index
-            return (cells.movedim(0, -1)[..., None, :] - codes).square().sum(-1).argmin(-1)
+        def nearest(cells: torch.Tensor) -> torch.Tensor:  # (B, k, ...) normalised -> (B, ...) palette index
+            return (cells.movedim(1, -1)[..., None, :] - codes).square().sum(-1).argmin(-1)
 
         places, sy, sx = self.slots(atlas.origin, r)
-        seen = (atlas.tags[:, sy, sx] == places).all(dim=0)
-        region = torch.where(seen, nearest(atlas.cells[:, sy, sx].to(codes.dtype)), unknown)
+        seen = (self.gather(atlas.tags, sy, sx) == places).all(dim=1)
+        region = torch.where(seen, nearest(self.gather(atlas.cells, sy, sx).to(codes.dtype)), unknown)
         central = torch.where(known, nearest(kept.to(codes.dtype)), unknown)
-        raw = last[:, 0][None, : self.k].to(self.std.dtype) * self.std[: self.k] + self.mean[: self.k]
+        raw = last[:, : self.k, 0].to(self.std.dtype) * self.std[: self.k] + self.mean[: self.k]
         flat, colour = self.ae.flat_cells(raw, latest_cover)
-        region[r : r + g, r : r + g] = torch.where(flat[0, 0], self.ae.palette_index(colour)[0], central)
+        region[:, r : r + g, r : r + g] = torch.where(flat[:, 0], self.ae.palette_index(colour), central)
         drawn = torch.where(
-            fresh, self.prior.fill(region, fresh, places[:, r : r + g, r : r + g], atlas.salt), 0
+            fresh, self.prior.fill(region, fresh, places[..., r : r + g, r : r + g], atlas.salt), 0
         )
-        return codes[drawn].permute(2, 0, 1).to(kept.dtype)
+        return codes[drawn].movedim(-1, 1).to(kept.dtype)
+
+    @staticmethod
+    def gather(slots: torch.Tensor, sy: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
+        """A batch's atlas slots (B, c, N, N) at each session's slot rows `sy` and columns `sx`
+        (B, G, G) -> (B, c, G, G)."""
+        batch = torch.arange(slots.shape[0], device=slots.device)[:, None, None]
+        return slots[batch, :, sy, sx].movedim(-1, 1)
 
     def whole(self, pos: torch.Tensor) -> torch.Tensor:
         """(N, 1, g, g) bool: the cells every pixel of which lies in a view at `pos` (N, 2)."""
@@ -309,13 +326,10 @@ class Cartographer:
         return (inside[:, 1, :, None] & inside[:, 0, None, :])[:, None]
 
     def slots(self, origin: torch.Tensor, margin: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The tiles (2, G, G) (x, y) under a canvas whose cell (0, 0) is `origin`, widened by
-        `margin` tiles on every side (G = g + 2 margin), and their slots' row and column (G, G) each."""
+        """The tiles (..., 2, G, G) (x, y) under canvases whose cell (0, 0) is `origin` (..., 2),
+        widened by `margin` tiles on every side (G = g + 2 margin), and their slots' row and
+        column (..., G, G) each."""
         c = torch.arange(-margin, self.g + margin, device=origin.device)
-        tiles = torch.stack(
-            [
-                (origin[0] + c)[None, :].expand(len(c), -1),
-                (origin[1] + c)[:, None].expand(-1, len(c)),
-            ]
-        )
-        return tiles, tiles[1] % self.tiles, tiles[0] % self.tiles
+        x = (origin[..., 0, None, None] + c[None, :]).expand(*origin.shape[:-1], len(c), len(c))
+        y = (origin[..., 1, None, None] + c[:, None]).expand(*origin.shape[:-1], len(c), len(c))
+        return torch.stack([x, y], dim=-3), y % self.tiles, x % self.tiles

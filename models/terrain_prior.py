@@ -86,24 +86,27 @@ class TerrainPrior(nn.Module):
     def fill(
         self, region: torch.Tensor, fresh: torch.Tensor, places: torch.Tensor, salt: torch.Tensor | int = 0
     ) -> torch.Tensor:
-        """Tile classes `region` (g + 2r, g + 2r) long (`unknown` where not known; r = window // 2)
-        around a g x g canvas -> the canvas' classes (g, g) with every tile where `fresh` (g, g)
-        bool drawn from the prior, in two passes (tiles with an even sum of coordinates, then the
-        odd, which see the even ones); `places` (2, g, g) long is each canvas tile's (x, y) on the
-        session's grid, which with the session's `salt` picks the draw (`uniform`). Tensor ops
-        only (no host sync)."""
+        """Tile classes `region` (..., g + 2r, g + 2r) long (`unknown` where not known;
+        r = window // 2) around g x g canvases (any leading axes: a batch of sessions) -> the
+        canvases' classes (..., g, g) with every tile where `fresh` (..., g, g) bool drawn from the
+        prior, in two passes (tiles with an even sum of coordinates, then the odd, which see the
+        even ones); `places` (..., 2, g, g) long is each canvas tile's (x, y) on its session's
+        grid, which with the session's `salt` (int, or a tensor of the leading shape) picks the
+        draw (`uniform`). Tensor ops only (no host sync)."""
         w, r = self.cfg.window, self.cfg.window // 2
-        g = fresh.shape[0]
+        g = fresh.shape[-1]
         region = region.clone()
-        parity = (places[0] + places[1]) % 2
-        u = uniform(places, salt).reshape(-1, 1)
+        x, y = places.unbind(-3)
+        parity = (x + y) % 2
+        salt = torch.as_tensor(salt, device=places.device)[..., None, None]
+        u = uniform(torch.stack([x, y]), salt).reshape(-1, 1)
         for p in (0, 1):
-            windows = region.unfold(0, w, 1).unfold(1, w, 1).reshape(-1, w, w)  # (g*g, w, w)
+            windows = region.unfold(-2, w, 1).unfold(-2, w, 1).reshape(-1, w, w)  # (... g g, w, w)
             cdf = self(windows).float().softmax(-1).cumsum(-1)
-            drawn = (cdf < u).sum(-1).clamp(max=self.cfg.classes - 1).view(g, g)
-            centre = region[r : r + g, r : r + g]
-            region[r : r + g, r : r + g] = torch.where(fresh & (parity == p), drawn, centre)
-        return region[r : r + g, r : r + g]
+            drawn = (cdf < u).sum(-1).clamp(max=self.cfg.classes - 1).view(fresh.shape)
+            centre = region[..., r : r + g, r : r + g]
+            region[..., r : r + g, r : r + g] = torch.where(fresh & (parity == p), drawn, centre)
+        return region[..., r : r + g, r : r + g]
 
 
 def uniform(places: torch.Tensor, salt: torch.Tensor | int = 0) -> torch.Tensor:

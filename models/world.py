@@ -642,9 +642,13 @@ class World:
         b, n, hw = actions.shape[0], plan.shape[2], self.latent_shape[1:]
         cells = torch.zeros(b, carto.k, n, *hw, dtype=self.dtype, device=self.device)
         cell_mask = torch.zeros(b, 1, n, *hw, dtype=torch.bool, device=self.device)
-        for j, i in enumerate(rows):
-            if i < len(atlases) and atlases[i] is not None:
-                cells[i], cell_mask[i] = carto.recall(atlases[i], last[i], phases[j])
+        mapped = [j for j, i in enumerate(rows) if i < len(atlases) and atlases[i] is not None]
+        if mapped:
+            ids = [rows[j] for j in mapped]
+            batch = Atlas.stack([atlases[i] for i in ids])
+            cells[ids], cell_mask[ids] = carto.recall(
+                batch, torch.stack([last[i] for i in ids]), phases[mapped]
+            )
         return out, replace(pins, cells=cells, cell_mask=cell_mask)
 
     @staticmethod

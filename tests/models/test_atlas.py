@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.atlas import EMPTY, Cartographer
+from models.atlas import EMPTY, Atlas, Cartographer
 from models.game import simulate
 from models.registry import from_name
 from models.tiny_world.metrics import free_worlds
@@ -29,6 +29,12 @@ def carto(world):
 def encode(world, frame: np.ndarray) -> torch.Tensor:
     """A game frame as a session's latest latent frame (C, 1, h, w), on its own anchor."""
     return world.decoder.encode(frame[None])
+
+
+def recall(carto: Cartographer, atlas: Atlas, z: torch.Tensor, phases: torch.Tensor):
+    """One session's recall (`Cartographer.recall` reads a batch): (k, n, g, g), (1, n, g, g)."""
+    values, mask = carto.recall(Atlas.stack([atlas]), z[None], phases[None])
+    return values[0], mask[0]
 
 
 def test_a_start_frame_keeps_its_flat_tiles_wholly_in_view(world, carto):
@@ -60,7 +66,7 @@ def test_tiles_shown_before_come_back_where_the_game_draws_them(world, carto):
     assert atlas.origin.tolist() == [3, 0]
     back = torch.arange(1, 5)
     phases = torch.stack([p24[0] - back, p24[1].expand(4)])  # frames 23, 22, 21, 20
-    values, mask = carto.recall(atlas, z24, phases)
+    values, mask = recall(carto, atlas, z24, phases)
     assert values.shape == (carto.k, 4, carto.g, carto.g) and mask.shape == (1, 4, carto.g, carto.g)
     shown = carto.whole(p24[None] + 2 * carto.s)[0, 0]
     assert not (mask[0] & shown).any()  # the latest frame's own tiles are the DiT's
@@ -137,7 +143,7 @@ def test_the_border_is_pinned_as_wall_where_it_was_never_seen(world, bounded):
     atlas = bounded.start(z)
     p = bounded.phase(z[:, 0][None])[0]
     phases = torch.stack([p[0].expand(4), p[1] + torch.arange(8, 12)])
-    values, mask = bounded.recall(atlas, z, phases)
+    values, mask = recall(bounded, atlas, z, phases)
     s, k = bounded.s, bounded.k
     col = (int(p[0]) + 2 * s) // s  # the border's column of cells on the canvas
     walls = torch.tensor(world.config.wall_rgb, dtype=torch.float32) / 127.5 - 1  # (shades, 3)
@@ -163,12 +169,12 @@ def test_tiles_never_shown_are_drawn_from_the_terrain_prior(world, carto):
     atlas = carto.start(z)
     p = carto.phase(z[:, 0][None])[0]
     phases = torch.stack([p[0] + torch.arange(8, 12), p[1].expand(4)])
-    _, left_to_dit = carto.recall(atlas, z, phases)
+    _, left_to_dit = recall(carto, atlas, z, phases)
     assert world.terrain is not None
     drawing = Cartographer(world.decoder.ae, 64)
     drawing.set_prior(world.terrain)
-    values, mask = drawing.recall(atlas, z, phases)
-    again = drawing.recall(atlas, z, phases)
+    values, mask = recall(drawing, atlas, z, phases)
+    again = recall(drawing, atlas, z, phases)
     assert torch.equal(values, again[0]) and torch.equal(mask, again[1])
     assert torch.equal(mask & left_to_dit, left_to_dit)  # what the atlas knew, it still pins
     s, k, ae = carto.s, carto.k, world.decoder.ae
@@ -187,3 +193,27 @@ def test_tiles_never_shown_are_drawn_from_the_terrain_prior(world, carto):
             assert float(err.min()) < 0.05, (j, row)  # a flat tile in one of the game's colours
     with pytest.raises(ValueError, match="palette has 8"):
         drawing.set_prior(type(world.terrain)(replace(world.terrain.cfg, classes=5)))
+
+
+def test_sessions_recall_together_as_each_would_alone(world):
+    # Two sessions in one batch: one walked 3 tiles right (remembered tiles come back), the
+    # other just started elsewhere (its entering column is drawn from the prior, with its own
+    # salt). Each gets what it gets alone, so a batch never mixes sessions.
+    drawing = Cartographer(world.decoder.ae, 64)
+    drawing.set_prior(world.terrain)
+    seed = free_worlds(1, 24, 1_050_000, keys="d")[0]
+    sim = simulate(seed, [frozenset("d")] * 24)
+    z0, z24 = encode(world, sim.frames[0]), encode(world, sim.frames[24])
+    walked = drawing.write(drawing.start(z0), torch.tensor([3, 0]), z24)
+    p = drawing.phase(z24[:, 0][None])[0]
+    back = torch.stack([p[0] - torch.arange(1, 5), p[1].expand(4)])
+    other = encode(world, simulate(seed + 1, []).frames[0])
+    q = drawing.phase(other[:, 0][None])[0]
+    ahead = torch.stack([q[0] + torch.arange(8, 12), q[1].expand(4)])
+    alone = [recall(drawing, walked, z24, back), recall(drawing, drawing.start(other), other, ahead)]
+    values, mask = drawing.recall(
+        Atlas.stack([walked, drawing.start(other)]), torch.stack([z24, other]), torch.stack([back, ahead])
+    )
+    for i, (v, m) in enumerate(alone):
+        assert torch.equal(mask[i], m) and m.any()
+        assert torch.allclose(values[i][m.expand_as(v)], v[m.expand_as(v)], atol=1e-5)

@@ -99,6 +99,14 @@ def test_fill_draws_the_fresh_tiles_by_what_it_learned_and_leaves_the_rest(strip
     assert torch.equal(out[:, 3], torch.full((g,), int(maps[0, r + 3])))  # the stripes' rule
     assert torch.equal(out[~fresh], region[r : r + g, r : r + g][~fresh])  # nothing else drawn
     assert torch.equal(out, striped.fill(region, fresh, places))  # a fixed function
+    # A batch of sessions (leading axis, each its own salt) draws what each draws alone.
+    other = torch.full_like(region, striped.cfg.unknown)
+    salts = torch.tensor([5, 9])
+    both = striped.fill(
+        torch.stack([region, other]), torch.stack([fresh, fresh]), torch.stack([places] * 2), salts
+    )
+    assert torch.equal(both[0], striped.fill(region, fresh, places, salts[0]))
+    assert torch.equal(both[1], striped.fill(other, fresh, places, salts[1]))
 
 
 def test_the_second_pass_sees_the_first(striped):
