@@ -163,7 +163,7 @@ class Cartographer:
         world's bounds, where that frame shows them first: `bound`)."""
         origin = atlas.origin + moved.to(atlas.origin.device)
         frame = z[:, 0][None]  # (1, C, h, w)
-        pos = self.corner(z)
+        pos = self.corner(z)[None]
         raw = frame[:, : self.k].to(self.std.dtype) * self.std[: self.k] + self.mean[: self.k]
         flat, _ = self.ae.flat_cells(raw, self.ae.view_cover(pos, self.g))
         keep = (flat & self.whole(pos))[0, 0]  # (g, g)
@@ -192,22 +192,25 @@ class Cartographer:
         return torch.where(seen[:, None], torch.stack([low, low + self.span], dim=1), bounds)
 
     def corner(self, z: torch.Tensor) -> torch.Tensor:
-        """(1, 2) px: the top-left corner of the view of a latent frame z (C, 1, h, w) on its canvas."""
-        return self.phase(z[:, 0][None]) + 2 * self.s
+        """(..., 2) px: the top-left corner of the view of each latent frame z (..., C, 1, h, w)
+        on its canvas."""
+        frames = z.reshape(-1, *z.shape[-4:])[:, :, 0]  # (N, C, h, w)
+        return (self.phase(frames) + 2 * self.s).reshape(*z.shape[:-4], 2)
 
     def view_of(self, atlas: Atlas, last: torch.Tensor) -> torch.Tensor:
-        """(2,) px on the tile grid: the top-left corner of the view of the session's latest frame
-        `last` (C, 1, h, w) (the frame `atlas` was last written from)."""
-        return atlas.origin * self.s + self.corner(last)[0]
+        """(..., 2) px on the tile grid: the top-left corner of the view of each session's latest
+        frame `last` (..., C, 1, h, w) (the frame `atlas`, or a batch `Atlas.stack`, was last
+        written from)."""
+        return atlas.origin * self.s + self.corner(last)
 
     @torch.no_grad()
     def rooms(self, atlas: Atlas, last: torch.Tensor) -> torch.Tensor:
-        """(2, 2) long: per axis (x, y), how many px the view of the latest frame `last` can still
-        move toward its lower and its higher end before the camera stops at the world's edge;
-        -1 along an axis whose bounds are not known yet."""
+        """(..., 2, 2) long: per session and axis (x, y), how many px the view of the latest frame
+        `last` (..., C, 1, h, w) can still move toward its lower and its higher end before the
+        camera stops at the world's edge; -1 along an axis whose bounds are not known yet."""
         view = self.view_of(atlas, last)
-        room = torch.stack([view - atlas.bounds[:, 0], atlas.bounds[:, 1] - view], dim=1).clamp(min=0)
-        return torch.where((atlas.bounds[:, :1] != EMPTY), room, -1)
+        room = torch.stack([view - atlas.bounds[..., 0], atlas.bounds[..., 1] - view], dim=-1).clamp(min=0)
+        return torch.where((atlas.bounds[..., :1] != EMPTY), room, -1)
 
     def border(self, bounds: torch.Tensor, tiles: torch.Tensor) -> torch.Tensor:
         """(..., g, g) bool: which of `tiles` (..., 2, g, g) (`slots`) lie on the world's border
@@ -253,7 +256,7 @@ class Cartographer:
         tiles, sy, sx = self.slots(atlas.origin)  # (B, 2, g, g), (B, g, g) each
         known = (self.gather(atlas.tags, sy, sx) == tiles).all(dim=1)  # (B, g, g)
         kept = self.gather(atlas.cells, sy, sx).to(self.std.dtype)  # (B, k, g, g) normalised
-        latest = self.phase(last[:, :, 0]) + 2 * self.s  # (B, 2)
+        latest = self.corner(last)  # (B, 2)
         shown = self.whole(latest)[:, 0]
         latest_cover = self.ae.view_cover(latest, g)
         begun = F.max_pool2d(latest_cover, self.s)[:, 0] > 0

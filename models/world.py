@@ -621,11 +621,16 @@ class World:
             return actions, None
         z = torch.stack([last[i][:, -1] for i in rows]).to(self.device, self.dtype)  # (k, C, h, w)
         carto = self.cartographer if self.gate.cfg.view and any(atlases) else None
+        # The rows whose sessions keep atlases, read as one batch (`Atlas.stack`).
+        mapped = [j for j, i in enumerate(rows) if i < len(atlases) and atlases[i] is not None]
+        ids = [rows[j] for j in mapped]
+        if mapped:
+            batch, lasts = Atlas.stack([atlases[i] for i in ids]), torch.stack([last[i] for i in ids])
         edges = None
         if carto is not None and carto.span:
-            unknown = torch.full((2, 2), -1, dtype=torch.long, device=self.device)
-            own = {i: atlases[i] for i in rows if i < len(atlases) and atlases[i] is not None}
-            edges = torch.stack([carto.rooms(own[i], last[i]) if i in own else unknown for i in rows])
+            edges = torch.full((len(rows), 2, 2), -1, dtype=torch.long, device=self.device)
+            if mapped:
+                edges[mapped] = carto.rooms(batch, lasts)
         gated, plan = self.gate.steer(actions[rows], z, edges)  # plan: (k, 6, n)
         out = actions.clone()
         out[rows] = gated.to(actions.dtype)
@@ -642,13 +647,8 @@ class World:
         b, n, hw = actions.shape[0], plan.shape[2], self.latent_shape[1:]
         cells = torch.zeros(b, carto.k, n, *hw, dtype=self.dtype, device=self.device)
         cell_mask = torch.zeros(b, 1, n, *hw, dtype=torch.bool, device=self.device)
-        mapped = [j for j, i in enumerate(rows) if i < len(atlases) and atlases[i] is not None]
         if mapped:
-            ids = [rows[j] for j in mapped]
-            batch = Atlas.stack([atlases[i] for i in ids])
-            cells[ids], cell_mask[ids] = carto.recall(
-                batch, torch.stack([last[i] for i in ids]), phases[mapped]
-            )
+            cells[ids], cell_mask[ids] = carto.recall(batch, lasts, phases[mapped])
         return out, replace(pins, cells=cells, cell_mask=cell_mask)
 
     @staticmethod
