@@ -212,7 +212,8 @@ def unseen_resampled(seed: int, other: int, config: GameConfig | None = None) ->
     shows no border the paste lands at a place drawn uniformly (by `other`) from every place
     where the view would show none either, since the game's spawn is uniform. Creatures in view
     stay; the rest are `other`'s. A perfect model of the game that sees only the first frame
-    plays a world drawn like this one, so the game on it bounds what any model can match."""
+    plays a world drawn like this one; over many such worlds, the likeliest outcome is the best
+    guess any model can make."""
     config = config or GameConfig()
     t, n = config.tile, config.world_tiles
     game = Game(config)
