@@ -32,7 +32,7 @@ commit installs (`Transaction.commit`), so a fork shares it and a rolled-back ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -59,8 +59,7 @@ class Atlas:
     def stack(cls, atlases: list[Atlas]) -> Atlas:
         """Several sessions' atlases as one batch: each field gains a leading session axis (what
         `Cartographer.recall` reads, so a batch's sessions recall together)."""
-        fields = ("cells", "tags", "origin", "bounds", "salt")
-        return cls(*(torch.stack([getattr(a, f) for a in atlases]) for f in fields))
+        return cls(*(torch.stack([getattr(a, f.name) for a in atlases]) for f in fields(cls)))
 
     @property
     def nbytes(self) -> int:
@@ -277,7 +276,8 @@ class Cartographer:
         seen = (self.ae.encode_seen(pixels, cover) - self.mean[: self.k]) / self.std[: self.k]
         # A tile wholly in view is the remembered code itself; one the view cuts is re-encoded as
         # the encoder writes a cut tile.
-        values = torch.where(self.whole(pos), kept.repeat_interleave(n, dim=0), seen).view(b, n, self.k, g, g)
+        whole = self.whole(pos).view(b, n, 1, g, g)
+        values = torch.where(whole, kept[:, None], seen.view(b, n, self.k, g, g))
         mask = in_view & known[:, None] & ~shown[:, None]
         return values.transpose(1, 2).to(last.dtype), mask[:, None]
 

@@ -96,10 +96,9 @@ class TerrainPrior(nn.Module):
         w, r = self.cfg.window, self.cfg.window // 2
         g = fresh.shape[-1]
         region = region.clone()
-        x, y = places.unbind(-3)
-        parity = (x + y) % 2
+        parity = places.sum(dim=-3) % 2
         salt = torch.as_tensor(salt, device=places.device)[..., None, None]
-        u = uniform(torch.stack([x, y]), salt).reshape(-1, 1)
+        u = uniform(places.movedim(-3, 0), salt).reshape(-1, 1)
         for p in (0, 1):
             windows = region.unfold(-2, w, 1).unfold(-2, w, 1).reshape(-1, w, w)  # (... g g, w, w)
             cdf = self(windows).float().softmax(-1).cumsum(-1)

@@ -622,7 +622,9 @@ class World:
         z = torch.stack([last[i][:, -1] for i in rows]).to(self.device, self.dtype)  # (k, C, h, w)
         carto = self.cartographer if self.gate.cfg.view and any(atlases) else None
         # The rows whose sessions keep atlases, read as one batch (`Atlas.stack`).
-        mapped = [j for j, i in enumerate(rows) if i < len(atlases) and atlases[i] is not None]
+        mapped = [
+            j for j, i in enumerate(rows) if carto is not None and i < len(atlases) and atlases[i] is not None
+        ]
         ids = [rows[j] for j in mapped]
         if mapped:
             batch, lasts = Atlas.stack([atlases[i] for i in ids]), torch.stack([last[i] for i in ids])
