@@ -5,7 +5,6 @@ import io
 import av
 import numpy as np
 import pytest
-import torch
 from PIL import Image, JpegImagePlugin
 
 from web import codec
@@ -29,6 +28,7 @@ from web.encoders import (
 from web.errors import MediaError
 
 from .conftest import psnr, run, serving
+from .world_frames import default_world_frames
 
 
 def natural_frames(n: int, height: int, width: int) -> np.ndarray:
@@ -65,26 +65,7 @@ def natural_frames(n: int, height: int, width: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def tiny_world_frames() -> np.ndarray:
-    """32 frames of the default world (`tiny-world`, 64x64 pixel art) as the model renders them:
-    8 chunks under held keys (the Engine queues at most 8), through the Engine."""
-    from models.actions import FrameAction
-    from models.registry import DEFAULT_MODEL, from_name
-    from models.world import Conditioning
-    from runtime.engine import Engine
-    from runtime.requests import ChunkCommitted, ChunkRequest
-
-    world = from_name(DEFAULT_MODEL)
-    engine = Engine({world.config.id: world}, max_batch=1)
-    engine.add_stream("s", world.config.id, Conditioning(seed=3))
-    for key in "ddssaaww":
-        engine.submit(ChunkRequest("s", engine.new_request_id(), actions=[FrameAction(frozenset({key}))] * 4))
-    parts: dict[int, np.ndarray] = {}
-    with torch.no_grad():
-        while engine.has_work():
-            for out in engine.step():
-                assert isinstance(out, ChunkCommitted)
-                parts[out.frame0] = out.frames
-    return np.concatenate([parts[k] for k in sorted(parts)])
+    return default_world_frames()
 
 
 def nal_types(unit: bytes) -> list[int]:
