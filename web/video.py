@@ -10,8 +10,8 @@ PSNR against the raw frames of tiny-world (64x64, 96 frames), bytes per frame:
   so it plays everywhere and opens at a size one can see: 52.0 dB (blocks averaged back; 45.2 dB
   against the upscaled frames as a player shows them), 258 B.
 * ``yuv444``: the model's size, 4:4:4 (every pixel its own colour; H.264's High 4:4:4 profile,
-  which ffmpeg, VLC and Chromium play but Firefox and Safari do not), CRF 10 (at 18 it is
-  39.9 dB): 46.9 dB, 164 B.
+  which ffmpeg and VLC play but many browsers and hardware decoders do not), CRF 10 (at 18 it
+  is 39.9 dB): 46.9 dB, 164 B.
 * ``auto``: ``upscale`` for worlds whose shorter side is under
   :data:`web.encoders.SMALL_SIDE` px, ``native`` for larger ones.
 """
