@@ -12,7 +12,8 @@
 ``serve`` loads the worlds (registry names or local model directories; the default is the
 registry's ``DEFAULT_MODEL``), starts the engine, the sessions and the websocket/HTTP endpoint,
 and prints the URL to open. ``generate`` runs a one-shot in-process through the same engine and
-``SessionManager.generate`` and writes an MP4. ``models`` lists the registered worlds.
+``SessionManager.generate`` and writes an MP4 (``--video``: worlds under 128 px are upscaled by
+default, web.video). ``models`` lists the registered worlds.
 
 Bad settings (a port out of range or in use, a device this machine lacks, an ``--out`` that
 cannot be written) are found before any model loads: one line on stderr, exit status 2.
@@ -128,6 +129,13 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--prompt", default=None, help="prompt (text worlds; needs --prompt-embeds)")
     generate.add_argument(
         "--out", type=Path, default=Path("worldserve.mp4"), help="MP4 path (default: %(default)s)"
+    )
+    generate.add_argument(  # web.video.VideoStyle, spelled out: building the parser imports no codecs
+        "--video",
+        default="auto",
+        choices=["auto", "native", "upscale", "yuv444"],
+        help="upscale: nearest-neighbour to >= 256 px, plays everywhere; yuv444: model size, full colour "
+        "(not every player); native: model size, 4:2:0; auto: upscale below 128 px (default: %(default)s)",
     )
     generate.set_defaults(run=_generate)
 
@@ -371,7 +379,9 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"worldserve: --prompt: {problem}", file=sys.stderr)
         return 2
     written = asyncio.run(
-        _run_oneshot(worlds, world, args.seed, actions, args.out, args.prompt, args.engine_threads)
+        _run_oneshot(
+            worlds, world, args.seed, actions, args.out, args.prompt, args.engine_threads, args.video
+        )
     )
     spec = world.spec
     print(
@@ -389,10 +399,11 @@ async def _run_oneshot(
     out: Path,
     prompt: str | None = None,
     threads: int | None = None,
+    video: str = "auto",  # a web.video.VideoStyle
 ) -> int:
     spec = world.spec
     runtime = Runtime.start(worlds, threads=threads)
-    writer = Mp4Writer(out, spec.width, spec.height, spec.fps)
+    writer = Mp4Writer(out, spec.width, spec.height, spec.fps, style=video)  # type: ignore[arg-type]
     disk = ThreadPoolExecutor(1, thread_name_prefix="worldserve-mp4")  # one thread: chunks stay in order
     bar = tqdm(total=len(actions), unit="chunk", desc=spec.id)
     loop = asyncio.get_running_loop()

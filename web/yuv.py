@@ -1,10 +1,12 @@
 """RGB <-> yuv420p for H.264 streams coded at an integer multiple of the frame size.
 
-A world frame coded at ``scale`` (2 or 4) times its size, each pixel a scale x scale block,
-has at least one 4:2:0 chroma sample per pixel. Converting here (rather than upscaling RGB and
-letting swscale subsample) puts each pixel's own colour in its chroma samples, with no
-filter mixing in the neighbours' colours; the way back averages each block's luma and chroma
-and converts at the frame's size (benchmarks/h264_small.py measures the whole path).
+A world frame coded at an even ``scale`` (2, 4, ...) times its size, each pixel a scale x scale
+block, has whole 4:2:0 chroma samples of its own (scale / 2 per axis). Converting here (rather
+than upscaling RGB and letting swscale subsample) puts each pixel's own colour in its chroma
+samples, with no filter mixing in the neighbours' colours; the way back averages each block's
+luma and chroma and converts at the frame's size (benchmarks/h264_small.py measures the whole
+path). Session streams use 2 and 4 (web.encoders), upscaled MP4s up to what reaches 256 px
+(web.video).
 
 Colours are BT.601, limited range: what the encoder's SPS signals (SMPTE 170M, MPEG range).
 """
@@ -23,8 +25,8 @@ _TO_RGB = (np.linalg.inv(_BT601).T / _SPAN[:, None]).astype(np.float32)  # (yuv 
 
 
 def _check_scale(scale: int) -> int:
-    if scale not in (2, 4):
-        raise ValueError(f"scale must be 2 or 4 (whole chroma samples per pixel), got {scale}")
+    if scale < 2 or scale % 2:
+        raise ValueError(f"scale must be even and >= 2 (whole chroma samples per pixel), got {scale}")
     return scale // 2  # chroma samples per pixel, per axis
 
 

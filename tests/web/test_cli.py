@@ -81,7 +81,8 @@ def test_generate_writes_an_mp4(worlds, tmp_path: Path, capsys: pytest.CaptureFi
     with av.open(str(out)) as video:
         stream = video.streams.video[0]
         frames = list(video.decode(stream))
-    assert len(frames) == 11 and (frames[0].width, frames[0].height) == (32, 32) and stream.average_rate == 15
+    assert len(frames) == 11 and stream.average_rate == 15
+    assert (frames[0].width, frames[0].height) == (256, 256)  # a 32 px world is upscaled 8x by default
 
 
 def test_unknown_model_exits_with_2(capsys: pytest.CaptureFixture[str]) -> None:

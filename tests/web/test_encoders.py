@@ -1,9 +1,11 @@
 """web/encoders.py: H.264 / JPEG / raw encoders and the client-side decoders."""
 
+import io
+
 import av
 import numpy as np
 import pytest
-import torch
+from PIL import Image, JpegImagePlugin
 
 from web import codec
 from web import messages as m
@@ -19,12 +21,14 @@ from web.encoders import (
     codec_string_from_sps,
     decode_jpeg,
     h264_settings,
+    jpeg_settings,
     make_encoder,
     nal_units,
 )
 from web.errors import MediaError
 
-from .conftest import psnr
+from .conftest import psnr, run, serving
+from .world_frames import default_world_frames
 
 
 def natural_frames(n: int, height: int, width: int) -> np.ndarray:
@@ -61,26 +65,7 @@ def natural_frames(n: int, height: int, width: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def tiny_world_frames() -> np.ndarray:
-    """32 frames of the default world (`tiny-world`, 64x64 pixel art) as the model renders them:
-    8 chunks under held keys (the Engine queues at most 8), through the Engine."""
-    from models.actions import FrameAction
-    from models.registry import DEFAULT_MODEL, from_name
-    from models.world import Conditioning
-    from runtime.engine import Engine
-    from runtime.requests import ChunkCommitted, ChunkRequest
-
-    world = from_name(DEFAULT_MODEL)
-    engine = Engine({world.config.id: world}, max_batch=1)
-    engine.add_stream("s", world.config.id, Conditioning(seed=3))
-    for key in "ddssaaww":
-        engine.submit(ChunkRequest("s", engine.new_request_id(), actions=[FrameAction(frozenset({key}))] * 4))
-    parts: dict[int, np.ndarray] = {}
-    with torch.no_grad():
-        while engine.has_work():
-            for out in engine.step():
-                assert isinstance(out, ChunkCommitted)
-                parts[out.frame0] = out.frames
-    return np.concatenate([parts[k] for k in sorted(parts)])
+    return default_world_frames()
 
 
 def nal_types(unit: bytes) -> list[int]:
@@ -255,6 +240,50 @@ def test_jpeg_round_trip(size: int) -> None:
     assert min(psnr(a, decode_jpeg(unit)) for a, (unit, _) in zip(frames, encoded, strict=True)) >= 30
 
 
+def jpeg_round_trip(encoder: JpegEncoder, frames: np.ndarray) -> tuple[np.ndarray, int]:
+    """``frames`` through ``encoder``, the wire and the SDK's decoder: (decoded frames, bytes)."""
+    chunk = encoder.encode_chunk(frames)
+    msg = m.Frames(chunk=1, frame0=0, count=len(frames), codec="jpeg", key=chunk.key, data=chunk.data)
+    return ChunkDecoder("jpeg").decode(codec.parse_server(codec.encode(msg))), sum(map(len, chunk.data))
+
+
+def test_jpeg_keeps_the_default_worlds_pixel_art(tiny_world_frames: np.ndarray) -> None:
+    # 4:2:0 halves the colour resolution of 64x64 pixel art (about 28 dB at quality 90); the
+    # session encoder keeps every pixel's colour (4:4:4) at the model's size.
+    frames = tiny_world_frames
+    old, old_bytes = jpeg_round_trip(JpegEncoder(90, "4:2:0"), frames)  # the previous setting
+    encoder = make_encoder("jpeg", 64, 64, 16)
+    assert isinstance(encoder, JpegEncoder)
+    new, new_bytes = jpeg_round_trip(encoder, frames)
+    assert new.shape == frames.shape  # model-size frames: nothing for a client to rescale
+    old_db = np.mean([psnr(a, b) for a, b in zip(frames, old, strict=True)])
+    worst = min(psnr(a, b) for a, b in zip(frames, new, strict=True))
+    assert old_db < 33 and worst >= 40, (old_db, worst)
+    assert new_bytes <= 2 * old_bytes, (new_bytes, old_bytes)
+    assert encoder.info == m.CodecInfo(name="jpeg")  # ready.codec says nothing new
+
+
+# Pillow's get_sampling: 0 is 4:4:4 (every pixel its own colour), 2 is 4:2:0.
+@pytest.mark.parametrize(
+    ("size", "quality", "sampling"),
+    [((64, 64), 96, 0), ((32, 48), 96, 0), ((128, 96), 96, 0), ((256, 128), 90, 2)],
+)
+def test_jpeg_settings_keep_small_worlds_chroma(size: tuple[int, int], quality: int, sampling: int) -> None:
+    encoder = make_encoder("jpeg", *size, 16)
+    assert isinstance(encoder, JpegEncoder)
+    assert (encoder.quality, encoder.subsampling) == jpeg_settings(*size) and encoder.quality == quality
+    (unit, _), *_ = encoder.encode(np.zeros((1, size[1], size[0], 3), np.uint8))
+    with Image.open(io.BytesIO(unit)) as image:
+        assert image.size == size and JpegImagePlugin.get_sampling(image) == sampling
+
+
+def test_jpeg_rejects_bad_settings() -> None:
+    with pytest.raises(MediaError, match="quality"):
+        JpegEncoder(101)
+    with pytest.raises(MediaError, match="subsampling"):
+        JpegEncoder(90, "4:2:2")  # type: ignore[arg-type]
+
+
 def test_decode_jpeg_rejects_other_bytes() -> None:
     with pytest.raises(MediaError):
         decode_jpeg(b"not a jpeg")
@@ -293,3 +322,26 @@ def test_chunks_through_the_codec(name: m.Codec, min_psnr: float | None) -> None
         assert np.array_equal(out, frames)
     else:
         assert min(psnr(a, b) for a, b in zip(frames, out, strict=True)) >= min_psnr
+
+
+def test_sdk_receives_the_default_world_in_jpeg_at_40_db() -> None:
+    # The whole path a JPEG client takes (the server's session encoder, the wire, the SDK's
+    # decoder) against the same world's raw frames, stepped one session at a time.
+    from models.registry import DEFAULT_MODEL, from_name
+    from web.sdk import connect
+
+    world = from_name(DEFAULT_MODEL)
+
+    async def main() -> dict[str, np.ndarray]:
+        got = {}
+        async with serving({world.spec.id: world}, default_model=world.spec.id) as server:
+            for name in ("raw", "jpeg"):
+                async with connect(server.url, seed=5, mode="lockstep", codec=name) as s:
+                    assert s.ready.codec.name == name
+                    got[name] = np.concatenate([await s.step({"keys": [key]}) for key in "ddsa"])
+        return got
+
+    got = run(main())
+    h, w = world.spec.height, world.spec.width
+    assert got["jpeg"].shape == got["raw"].shape and got["raw"].shape[1:] == (h, w, 3)
+    assert min(psnr(a, b) for a, b in zip(got["raw"], got["jpeg"], strict=True)) >= 40

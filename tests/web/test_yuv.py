@@ -8,7 +8,7 @@ from web.yuv import rgb_to_yuv420, yuv420_to_rgb
 from .conftest import psnr
 
 
-@pytest.mark.parametrize("scale", [2, 4])
+@pytest.mark.parametrize("scale", [2, 4, 6, 8])
 def test_round_trip_keeps_every_pixels_colour(scale: int) -> None:
     # Random pixels: neighbours share nothing, so any chroma mixing between pixels would show.
     rgb = np.random.default_rng(scale).integers(0, 256, (12, 10, 3), np.uint8)
@@ -32,5 +32,7 @@ def test_limited_range_bt601() -> None:
 def test_bad_scales() -> None:
     with pytest.raises(ValueError, match="scale"):
         rgb_to_yuv420(np.zeros((2, 2, 3), np.uint8), 3)
+    with pytest.raises(ValueError, match="scale"):
+        rgb_to_yuv420(np.zeros((2, 2, 3), np.uint8), 0)
     with pytest.raises(ValueError, match="not coded at scale 4"):
         yuv420_to_rgb(np.zeros((12, 6), np.uint8), 4)

@@ -14,6 +14,9 @@ observation is the world's current frame: an image-started world's start frame, 
 image-conditioned world from that frame (a new session). A learned simulator has no reward:
 ``reward_fn(obs, action, info)`` supplies one (default 0.0); episodes end by truncation only,
 at ``max_episode_steps``. A dropped socket is resumed transparently (:mod:`web.sdk.durable`).
+``step``'s info holds ``chunk``, ``frame0`` and ``frames``; ``timings=True`` adds ``timings``
+(the server's ms per stage). They are opt-in because they differ from run to run: with them,
+equal seeds and actions no longer give equal infos, and gymnasium's ``check_env`` fails.
 Needs the ``gym`` extra (``pip install -e '.[gym]'``).
 """
 
@@ -98,7 +101,7 @@ class EnvSession:
     async def step(self, wire: tuple[m.FrameAction, ...]) -> tuple[np.ndarray, dict[str, Any]]:
         """One chunk; its observation and info: ``chunk`` and ``frame0`` count within this world
         (from 1 and 0; an image-started world's start frame is frame 0), ``frames`` (video frames
-        in the chunk), ``timings`` (server ms per stage)."""
+        in the chunk), ``timings`` (server ms per stage; the envs drop it unless asked for)."""
         assert self.model is not None
         chunk = await self.durable.step(wire)
         info = {
@@ -141,8 +144,8 @@ class WorldEnv(gym.Env[np.ndarray, dict[str, np.ndarray]]):
     (chunk_frames, H, W, 3). ``per_frame=True`` takes one action per video frame (a leading
     ``chunk_frames`` axis) instead of one for the whole chunk. The session is opened here (the
     spaces come from the world's ``ready``); ``timeout_s`` bounds every call (None: no limit).
-    ``timings=False`` leaves the server's timings out of ``info`` (they differ from run to run,
-    and gymnasium's ``check_env`` wants equal infos for equal seeds).
+    ``timings=True`` adds the server's ms per stage to ``step``'s info; off by default, since
+    they differ from run to run and gymnasium's ``check_env`` wants equal infos for equal seeds.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 15}
@@ -161,7 +164,7 @@ class WorldEnv(gym.Env[np.ndarray, dict[str, np.ndarray]]):
         token: str | None = None,
         debug: dict[str, Any] | None = None,
         timeout_s: float | None = None,
-        timings: bool = True,
+        timings: bool = False,
     ) -> None:
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
@@ -201,7 +204,7 @@ class WorldEnv(gym.Env[np.ndarray, dict[str, np.ndarray]]):
 
     def step(self, action: dict[str, np.ndarray]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """One chunk: ``(obs, reward, terminated, truncated, info)``; info has chunk, frame0,
-        frames (video frames in the chunk) and timings (server ms per stage)."""
+        frames (video frames in the chunk), and timings (server ms per stage) if ``timings``."""
         if not self._started:
             raise ResetNeeded("call reset() before step()")
         wire = self.world.wire(action)  # ValueError before anything is sent

@@ -62,7 +62,7 @@ class WorldVectorEnv(VectorEnv):
         token: str | None = None,
         debug: dict[str, Any] | None = None,
         timeout_s: float | None = None,
-        timings: bool = True,
+        timings: bool = False,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
