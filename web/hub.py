@@ -32,9 +32,10 @@ class ServerConfig:
     sessions_per_connection: int = 4  # live: the one a connection is attached to + its forks
     forks_per_connection: int = 16  # forks one connection may make in all
     idle_timeout_s: float = 300.0  # no client message for this long closes a live session
-    # ("idle") or a connection without one; 0 = never. A one-shot is never idle.
-    open_timeout_s: float = 10.0  # a connection with no session yet gets this long for its next
-    # message (open, generate), so idle sockets cannot hold the connection cap; 0 = the idle timeout
+    # ("idle"); 0 = never. Neither a one-shot nor a session with a chunk in flight is idle.
+    open_timeout_s: float = 10.0  # a connection with no session yet is closed this long after its
+    # handshake, whatever it sends (pings do not extend it), so idle sockets cannot hold the
+    # connection cap; 0 = the idle timeout
     allow_origins: tuple[str, ...] = ()  # websocket Origins allowed besides same-origin; "*": any
     max_batch: int = 4  # sessions per engine step
     overlap_decode: bool | None = None  # decode on a side stream during the next denoise; None: on CUDA
