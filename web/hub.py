@@ -29,6 +29,8 @@ class ServerConfig:
     # closes the longest-detached one instead of answering `busy`)
     detach_ttl_s: float = 60.0  # how long a detached session waits for a resume
     max_connections: int = 64  # open websockets; a handshake past it gets HTTP 503
+    max_connections_per_address: int | None = None  # ... from one client address (IPv6: its /64),
+    # loopback included; None: a quarter of max_connections (at least 1); 0: no such cap
     sessions_per_connection: int = 4  # live: the one a connection is attached to + its forks
     forks_per_connection: int = 16  # forks one connection may make in all
     idle_timeout_s: float = 300.0  # no client message for this long closes a live session
@@ -51,6 +53,13 @@ class ServerConfig:
     rate: float = 500.0  # client messages per second a connection may send on average
     burst: int = 1000  # ... and in a burst
     static_dir: Path = STATIC_DIR  # the browser client's files
+
+    @property
+    def per_address_cap(self) -> int:
+        """Open websockets one client address may hold; 0: no cap besides max_connections."""
+        if self.max_connections_per_address is not None:
+            return self.max_connections_per_address
+        return max(1, self.max_connections // 4)
 
 
 class Owner(Protocol):
