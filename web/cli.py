@@ -157,6 +157,14 @@ def _limit_args(serve: argparse.ArgumentParser) -> None:
         help="open websockets; more get HTTP 503 (default: %(default)s)",
     )
     serve.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=d.max_connections_per_address,
+        metavar="N",
+        help="open websockets from one client address (loopback too); more get HTTP 503; "
+        "0: no such cap (default: a quarter of --max-connections)",
+    )
+    serve.add_argument(
         "--sessions-per-connection",
         type=int,
         default=d.sessions_per_connection,
@@ -296,6 +304,7 @@ def _serve(args: argparse.Namespace) -> int:
         defer_clean_pass=SWITCH[args.defer_clean_pass],
         engine_threads=args.engine_threads,
         max_connections=args.max_connections,
+        max_connections_per_address=args.max_connections_per_address,
         sessions_per_connection=args.sessions_per_connection,
         forks_per_connection=args.forks_per_connection,
         idle_timeout_s=args.idle_timeout,

@@ -13,8 +13,11 @@ for the maps and arrays they held after it (parse work, not only message count, 
 flood costs the event loop); excess messages are dropped with `rate_limited` errors that are
 themselves rate-limited, so replies to a flood cannot flood the outbox. A message is reassembled
 here from its fragments with a byte and fragment cap (`too_large`, not websockets' bare 1009).
-Forks and the sessions they create are capped, and a connection that sends nothing for the idle
-timeout is closed (its session with `closed{idle}`).
+Forks and the sessions they create are capped. Timeouts (:meth:`Connection._idle_at`): a
+connection without a session is closed a fixed time after its handshake, whatever it sends (else
+a client that pings would hold its slot forever); one with a session, when neither the client
+nor the session did anything for the idle timeout (`closed{idle}`): a chunk in flight is not
+idle, and a session's event (a step's `frames`) restarts the time like a client message.
 """
 
 import asyncio
@@ -76,6 +79,10 @@ class Connection:
         self.created: list[Session] = []  # sessions this connection opened or forked (pruned)
         self.forks = 0  # forks made so far
         self._closer: asyncio.Task[None] | None = None  # closes the socket when the pipeline failed
+        self._loop = asyncio.get_running_loop()
+        self._connected_at = self._loop.time()  # the open timeout counts from here
+        self._active_at = self._connected_at  # last client message or session event (idle timeout)
+        self._idle_check: asyncio.TimerHandle | None = None  # re-evaluates `_idle_at` during a read
         self._handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
             "open": self._open,
             "generate": self._generate,
@@ -165,7 +172,7 @@ class Connection:
         self.pipeline.put(CloseRequest(1000, error.code.value))  # the pipeline uses the error's code
 
     def _idle(self) -> None:
-        """Nothing came for the idle timeout: end the session (`closed{idle}`) and the socket."""
+        """The connection is idle (`_idle_at`): end the session (`closed{idle}`) and the socket."""
         if self.debug:
             log.debug("= %s idle", self.ws.id)
         self.closing = True
@@ -224,17 +231,47 @@ class Connection:
     async def _next_message(self) -> bytes | str | ProtocolError | None:
         """The next client message, reassembled from its fragments, or the fatal too_large it
         earned (over ``max_message`` bytes or MAX_FRAGMENTS frames; the rest of it is not read).
-        None after the idle timeout (the shorter open timeout while no session is attached; never
-        while a one-shot runs). Raises ConnectionClosed."""
-        cfg = self.hub.config
-        timeout = cfg.idle_timeout_s
-        if self.session is None and cfg.open_timeout_s > 0:
-            timeout = min(timeout, cfg.open_timeout_s) if timeout > 0 else cfg.open_timeout_s
+        None once the connection is idle (`_idle_at`). Raises ConnectionClosed."""
         try:
-            async with asyncio.timeout(timeout if timeout > 0 and self.oneshot is None else None):
+            async with asyncio.timeout(None) as timer:
+                self._watch(timer)
                 return await self._assemble()
         except TimeoutError:
             return None
+        finally:
+            if self._idle_check is not None:
+                self._idle_check.cancel()
+                self._idle_check = None
+
+    def _idle_at(self) -> float | None:
+        """The loop time at which the connection is idle unless something happens; None: never.
+        Without a session: the open timeout after the handshake (messages do not move it);
+        with one: the idle timeout after the last client message or session event; a running
+        one-shot: never."""
+        cfg = self.hub.config
+        if self.oneshot is not None:
+            return None
+        if self.session is None:
+            limit = cfg.open_timeout_s or cfg.idle_timeout_s
+            return self._connected_at + limit if limit > 0 else None
+        return self._active_at + cfg.idle_timeout_s if cfg.idle_timeout_s > 0 else None
+
+    def _watch(self, timer: asyncio.Timeout) -> None:
+        """Expire ``timer`` (the current read's) at `_idle_at`, re-evaluated when it comes: a
+        session with a chunk in flight is not idle, so its idle time restarts then (the chunk's
+        event restarts it again when it resolves)."""
+        self._idle_check = None
+        when = self._idle_at()
+        if when is None:
+            return
+        now = self._loop.time()
+        if when <= now and self.session is not None and self.session.outstanding:
+            self._active_at = now
+            when = now + self.hub.config.idle_timeout_s
+        if when <= now:
+            timer.reschedule(now)
+        else:
+            self._idle_check = self._loop.call_at(when, self._watch, timer)
 
     async def _assemble(self) -> bytes | str | ProtocolError:
         limit = self.hub.config.max_message
@@ -252,6 +289,7 @@ class Connection:
         return "".join(parts) if isinstance(parts[0], str) else b"".join(parts)
 
     async def _receive(self, data: bytes | str | ProtocolError) -> None:
+        self._active_at = self._loop.time()  # any message restarts the idle time (not the open timeout)
         if isinstance(data, ProtocolError):
             self.fail(data)
             return
@@ -352,8 +390,13 @@ class Connection:
         self.session = session
         self.pipeline.attach(encoder, convert.ready(session, info))
         self.pipeline.put(ReadyEvent(session.last_chunk, session.frame))  # `ready`, with the latest frame
-        for event in session.activate(self.pipeline.put):  # nothing is emitted before it returns
+        for event in session.activate(self._deliver):  # nothing is emitted before it returns
             self.pipeline.put(event)
+
+    def _deliver(self, event: SessionEvent) -> None:
+        """The attached session's sink: its events count as activity for the idle timeout."""
+        self._active_at = self._loop.time()
+        self.pipeline.put(event)
 
     # -- handlers -------------------------------------------------------------------------------
 

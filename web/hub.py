@@ -29,12 +29,15 @@ class ServerConfig:
     # closes the longest-detached one instead of answering `busy`)
     detach_ttl_s: float = 60.0  # how long a detached session waits for a resume
     max_connections: int = 64  # open websockets; a handshake past it gets HTTP 503
+    max_connections_per_address: int | None = None  # ... from one client address (IPv6: its /64),
+    # loopback included; None: a quarter of max_connections (at least 1); 0: no such cap
     sessions_per_connection: int = 4  # live: the one a connection is attached to + its forks
     forks_per_connection: int = 16  # forks one connection may make in all
     idle_timeout_s: float = 300.0  # no client message for this long closes a live session
-    # ("idle") or a connection without one; 0 = never. A one-shot is never idle.
-    open_timeout_s: float = 10.0  # a connection with no session yet gets this long for its next
-    # message (open, generate), so idle sockets cannot hold the connection cap; 0 = the idle timeout
+    # ("idle"); 0 = never. Neither a one-shot nor a session with a chunk in flight is idle.
+    open_timeout_s: float = 10.0  # a connection with no session yet is closed this long after its
+    # handshake, whatever it sends (pings do not extend it), so idle sockets cannot hold the
+    # connection cap; 0 = the idle timeout
     allow_origins: tuple[str, ...] = ()  # websocket Origins allowed besides same-origin; "*": any
     max_batch: int = 4  # sessions per engine step
     overlap_decode: bool | None = None  # decode on a side stream during the next denoise; None: on CUDA
@@ -50,6 +53,13 @@ class ServerConfig:
     rate: float = 500.0  # client messages per second a connection may send on average
     burst: int = 1000  # ... and in a burst
     static_dir: Path = STATIC_DIR  # the browser client's files
+
+    @property
+    def per_address_cap(self) -> int:
+        """Open websockets one client address may hold; 0: no cap besides max_connections."""
+        if self.max_connections_per_address is not None:
+            return self.max_connections_per_address
+        return max(1, self.max_connections // 4)
 
 
 class Owner(Protocol):

@@ -3,14 +3,14 @@
 Routes: ``/healthz`` (JSON), ``/metrics`` (Prometheus text), ``/v1/models`` (JSON list),
 ``/v1/protocol.json`` (JSON schema of every message), ``/`` and any other file under the static
 directory (the browser client). ``/v1/session`` goes on to the websocket handshake once
-:mod:`web.admission` lets it (a request without ``Upgrade`` gets websockets' own 426).
+:mod:`web.admission` lets it (a request without ``Upgrade`` gets websockets' own 426); every other
+path needs a ``Host`` the admission accepts too (DNS rebinding), else HTTP 403.
 """
 
 import email.utils
 import http
 import json
 import mimetypes
-from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,6 +21,7 @@ from websockets.http11 import Request, Response
 from runtime.metrics import REGISTRY
 from sessions.manager import SessionManager
 from web import convert
+from web.admission import Admission
 from web.messages import PROTOCOL_VERSION, json_schema
 
 __all__ = ["SESSION_PATH", "Routes"]
@@ -36,11 +37,11 @@ class Routes:
         self,
         manager: SessionManager,
         static_dir: Path,
-        admission: Callable[[ServerConnection, Request], Response | None] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.manager = manager
         self.static_dir = static_dir.resolve()
-        self.admission = admission  # the handshake checks of SESSION_PATH (web.admission)
+        self.admission = admission  # the Host check, and the handshake checks of SESSION_PATH
         self._schema = json.dumps(json_schema()).encode()  # constant: built once
 
     def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
@@ -48,6 +49,8 @@ class Routes:
         path = request.path.partition("?")[0]
         if path == SESSION_PATH:
             return None if self.admission is None else self.admission(connection, request)
+        if self.admission is not None and not self.admission.host_allowed(request):
+            return _response(http.HTTPStatus.FORBIDDEN, b"host not allowed\n")
         if "Upgrade" in request.headers:
             return _response(http.HTTPStatus.NOT_FOUND, b"websocket sessions live at /v1/session\n")
         if path == "/healthz":

@@ -102,7 +102,12 @@ class Server:
             process_request=Routes(
                 manager,
                 cfg.static_dir,
-                Admission(cfg.max_connections, cfg.allow_origins, loopback_hosts_only=is_loopback(cfg.host)),
+                Admission(
+                    cfg.max_connections,
+                    cfg.allow_origins,
+                    per_address=cfg.per_address_cap,
+                    loopback_hosts_only=is_loopback(cfg.host),
+                ),
             ),
             max_size=cfg.max_message * HARD_LIMIT_FACTOR,
             ping_interval=cfg.ping_interval_s,

@@ -409,6 +409,43 @@ def test_a_connection_that_never_opens_does_not_hold_a_slot(worlds) -> None:
     run(main())
 
 
+def test_pings_do_not_extend_the_open_timeout(worlds) -> None:
+    """A client that pings but never opens loses its slot at the open timeout (it used to restart
+    on every message, so pinging sockets held the connection cap forever)."""
+
+    async def main():
+        async with serving(worlds, idle_timeout_s=600, open_timeout_s=2.0) as server:
+            ws = await dial(server)
+            pongs = 0
+            with contextlib.suppress(ConnectionClosed):
+                while pongs < 400:  # 20 s of pings, 20 a second: the timer restarted on each
+                    await send(ws, m.Ping(t=0.0))
+                    assert isinstance(await recv(ws), m.Pong)
+                    pongs += 1
+                    await asyncio.sleep(0.05)
+            assert pongs < 400, "still open after 20 s of pings"
+            assert (ws.close_code, ws.close_reason) == (1000, "idle")
+
+    run(main())
+
+
+def test_a_step_in_flight_is_not_idle(worlds) -> None:
+    """A lockstep step that takes longer than the idle timeout is answered; the session is closed
+    as idle only after it (it used to be closed while the step ran)."""
+
+    async def main():
+        async with serving(worlds, debug_hooks=True, idle_timeout_s=0.3) as server:
+            ws, _ = await opened(server, debug=m.DebugHooks(step_delay_ms=1500))
+            await send(ws, m.Step(seq=1, actions=[W]))
+            frames = await recv(ws)
+            assert isinstance(frames, m.Frames) and frames.action_seq == 1, frames
+            closed = await recv(ws)  # then nothing from the client: idle
+            assert isinstance(closed, m.Closed) and closed.reason == "idle", closed
+            await expect_close(ws, 1000)
+
+    run(main())
+
+
 def test_a_dropped_session_gives_way_to_a_new_client(worlds) -> None:
     async def main():
         async with serving(worlds, max_sessions=1) as server:

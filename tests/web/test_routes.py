@@ -85,10 +85,10 @@ def test_http_routes(worlds) -> None:
     run(main())
 
 
-async def raw_get(port: int, target: bytes) -> int:
-    """The status of a GET sent byte for byte (no client library would send a NUL)."""
+async def raw_get(port: int, target: bytes, host: bytes = b"127.0.0.1", headers: bytes = b"") -> int:
+    """The status of a GET sent byte for byte (no client library would send a NUL, or lie in Host)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    writer.write(b"GET " + target + b" HTTP/1.1\r\nHost: " + host + b"\r\n" + headers + b"\r\n")
     await writer.drain()
     status = int((await reader.readline()).split()[1])
     writer.close()
@@ -105,3 +105,33 @@ def test_odd_static_paths_are_client_errors(worlds, caplog) -> None:
 
     run(main())
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+UPGRADE = (
+    b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+)
+
+
+def test_a_loopback_server_answers_only_loopback_hosts(worlds) -> None:
+    """DNS rebinding: a page whose name resolves to 127.0.0.1 reaches us with its own name as Host."""
+
+    async def main():
+        async with serving(worlds) as server:
+            port = server.port
+            paths = (b"/", b"/healthz", b"/metrics", b"/v1/models", b"/v1/protocol.json", b"/nope")
+            for path in paths:
+                for evil in (b"evil.example", b"evil.example:%d" % port, b"127.0.0.1.evil.example"):
+                    assert await raw_get(port, path, evil) == 403, (path, evil)
+            for here in (b"127.0.0.1:%d" % port, b"localhost:%d" % port, b"[::1]:%d" % port, b"localhost"):
+                assert await raw_get(port, b"/healthz", here) == 200, here
+            assert await raw_get(port, b"/v1/session", b"evil.example", UPGRADE) == 403  # no Origin either
+            assert await raw_get(port, b"/v1/session", b"localhost:%d" % port, UPGRADE) == 101
+        async with serving(worlds, allow_origins=("https://app.example",)) as server:
+            # a proxy in front, serving an allowed origin, may pass its Host on
+            assert await raw_get(server.port, b"/healthz", b"app.example") == 200
+            assert await raw_get(server.port, b"/healthz", b"evil.example") == 403
+        async with serving(worlds, allow_origins=("*",)) as server:
+            assert await raw_get(server.port, b"/healthz", b"evil.example") == 200  # every page allowed
+
+    run(main())

@@ -400,7 +400,13 @@ def test_foreign_origins_are_refused(worlds) -> None:
             here = f"http://127.0.0.1:{server.port}"
             assert await handshake_status(server) == 101  # not a browser
             assert await handshake_status(server, origin=here) == 101  # the page this server serves
-            for foreign in ("http://evil.example", f"http://localhost:{server.port}", "null"):
+            foreign_origins = (
+                "http://evil.example",
+                f"http://localhost:{server.port}",
+                "null",
+                f"https://127.0.0.1:{server.port}",  # same host and port, not the scheme served
+            )
+            for foreign in foreign_origins:
                 assert await handshake_status(server, origin=foreign) == 403, foreign
         async with serving(worlds, allow_origins=("https://app.example",)) as server:
             assert await handshake_status(server, origin="https://app.example") == 101
@@ -413,7 +419,7 @@ def test_foreign_origins_are_refused(worlds) -> None:
 
 def test_connections_past_the_cap_get_503(worlds) -> None:
     async def main():
-        async with serving(worlds, max_connections=2) as server:
+        async with serving(worlds, max_connections=2, max_connections_per_address=0) as server:
             first, second = await dial(server), await dial(server)
             assert await handshake_status(server) == 503
             await send(second, m.Ping(t=1.0))
@@ -426,6 +432,25 @@ def test_connections_past_the_cap_get_503(worlds) -> None:
             assert status == 101
 
     run(main())
+
+
+def test_one_address_cannot_take_every_connection(worlds) -> None:
+    async def main():
+        async with serving(worlds, max_connections=4, max_connections_per_address=2) as server:
+            first, _ = await dial(server), await dial(server)
+            assert await handshake_status(server) == 503  # a third from 127.0.0.1
+            assert await handshake_status(server, local_addr=("127.0.0.2", 0)) == 101  # another client
+            await first.close()
+            for _ in range(100):  # the server sees the close a moment later
+                if (status := await handshake_status(server)) == 101:
+                    break
+                await asyncio.sleep(0.05)
+            assert status == 101
+
+    run(main())
+    assert ServerConfig().per_address_cap == 16  # a quarter of the 64 connections
+    assert ServerConfig(max_connections=2).per_address_cap == 1
+    assert ServerConfig(max_connections_per_address=0).per_address_cap == 0  # no such cap
 
 
 def test_listening_beyond_loopback_without_a_token_warns() -> None:
