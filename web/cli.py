@@ -6,7 +6,9 @@
     worldserve models
     worldserve convert --from self-forcing|matrix-game-2|fastvideo SRC... [--config FILE] --out DIR
     worldserve parity --model DIR --golden FILE.safetensors   (web.paritycli)
-    (serve, generate: [--prompt-embeds DIR] resolves prompts of text worlds from local files)
+    (serve, generate: [--prompt-embeds DIR] resolves prompts of text worlds from local files;
+     [--dtype auto] is bfloat16 on CUDA and float32 on CPU; [--device-memory SIZE] bounds the
+     sessions' K/V state, web/memory.py)
     worldserve record | replay | rollout   (web.datacli: episodes from a running server)
 
 ``serve`` loads the worlds (registry names or local model directories; the default is the
@@ -15,7 +17,13 @@ and prints the URL to open. ``generate`` runs a one-shot in-process through the 
 ``SessionManager.generate`` and writes an MP4. ``models`` lists the registered worlds.
 
 Bad settings (a port out of range or in use, a device this machine lacks, an ``--out`` that
-cannot be written) are found before any model loads: one line on stderr, exit status 2.
+cannot be written) are found before any model loads: one line on stderr, exit status 2. So is a
+model that cannot be loaded, and state that does not fit: once the weights are in, ``serve``
+lowers ``--max-sessions`` to what the device-memory budget holds (one warning line), or exits
+when not even one session fits, before the engine allocates anything.
+
+Parsing imports no torch, diffusers or model code, so ``--help`` and a typo answer at once:
+each command imports what it runs inside its function (see `_parser`).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from models.names import DEFAULT_MODEL
-from web import convertcli, datacli, paritycli
+from web import convertcli, datacli, memory, paritycli
 from web.hub import ServerConfig
 from web.startup import (
     DTYPES,
@@ -85,7 +93,12 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=int, default=8000, help="port; 0 picks a free one (default: %(default)s)"
     )
     _model_args(serve, repeatable=True, threads=serve_threads())
-    serve.add_argument("--max-sessions", type=int, default=16, help="live sessions (default: %(default)s)")
+    serve.add_argument(
+        "--max-sessions",
+        type=int,
+        default=16,
+        help="live sessions; lowered to what --device-memory holds (default: %(default)s)",
+    )
     serve.add_argument(
         "--max-batch", type=int, default=4, help="sessions per engine step (default: %(default)s)"
     )
@@ -224,8 +237,9 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool, threads: i
         default=None,
         metavar="SIZE",
         help="device memory the sessions' K/V state may take, e.g. 40GiB; the session count is lowered "
-        "to fit (default: CUDA: the free memory after the weights load, less 10%% of the device; "
-        "CPU: half the available RAM)",
+        "to fit (default: CUDA: the free memory after the weights load, less "
+        f"{memory.CUDA_MARGIN * 100:.0f}%% of the device; CPU: {memory.CPU_SHARE * 100:.0f}%% of the "
+        "available RAM)",
     )
     parser.add_argument(
         "--threads",
@@ -298,15 +312,12 @@ def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World]:
             "(try --dtype bfloat16, or another --device)"
         ) from exc
     except (KeyError, OSError, ValueError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str quotes
-        raise StartupError(f"cannot load {', '.join(names)}: {message}") from exc
+        raise StartupError(f"cannot load {', '.join(names)}: {exc}") from exc
 
 
 def _sessions_that_fit(worlds: dict[str, World], args: argparse.Namespace, requested: int) -> int:
     """``requested`` sessions, or fewer when their K/V state would not fit the device-memory budget
     (web.memory: one warning line says so); a StartupError when not even one fits."""
-    from web import memory
-
     pipelined = SWITCH[getattr(args, "overlap_decode", "auto")]
     if pipelined is None:  # the engine's own default (runtime/engine.py)
         pipelined = any(w.device.type == "cuda" for w in worlds.values())

@@ -24,11 +24,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from models.world import World
 from web.startup import StartupError
+
+if TYPE_CHECKING:  # the parser reads this module's figures for its help: no torch at import
+    from models.world import World
 
 __all__ = ["Budget", "PoolCost", "device_budget", "fit_sessions", "format_bytes", "pool_cost"]
 
@@ -71,7 +72,7 @@ def pool_cost(worlds: Mapping[str, World], pipelined: bool) -> PoolCost:
     rows = 0
     atlas = 0
     for world in worlds.values():
-        itemsize = torch.empty(0, dtype=world.dtype).element_size()
+        itemsize = world.dtype.itemsize
         slack = world.chunk_frames if pipelined else 0
         rows += world.transformer.cfg.kv_bytes(world.tokens_per_frame, itemsize, slack_frames=slack)
         atlas = max(atlas, world.session_bytes() - world.kv_bytes_per_session())
@@ -83,6 +84,8 @@ def device_budget(device: str, given: int | None = None) -> Budget:
     ``--device-memory`` figure, taken as it is."""
     if given is not None:
         return Budget(given, "--device-memory")
+    import torch
+
     dev = torch.device(device)
     if dev.type == "cuda":
         free, total = torch.cuda.mem_get_info(dev)

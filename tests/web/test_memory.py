@@ -4,12 +4,17 @@ is allocated (tiny worlds and tiny budgets: nothing large is ever allocated here
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from models import registry
+from models.causal_wan import CausalWan
+from models.convert import self_forcing
+from models.taehv import TAEHVConfig
+from models.world import World
 from runtime.engine import Engine
 from tests.runtime.conftest import small_world
 from web import memory
@@ -84,3 +89,29 @@ def test_sizes() -> None:
     for bad in ("lots", "40XB", "-1GiB", "0", "GiB"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_size(bad)
+
+
+def self_forcing_size(dtype: torch.dtype) -> dict[str, World]:
+    """A world of the published Self-Forcing's size (1.3B, 480x832, 21-frame window) on the meta
+    device: every shape, no memory."""
+    cfg, _, _ = registry.tiny_random_configs()
+    with torch.device("meta"):
+        transformer = CausalWan(self_forcing.model_config(self_forcing.PUBLISHED)).to(dtype=dtype)
+    decoder = registry.build_decoder(TAEHVConfig(), "taehv", "meta", dtype)
+    cfg = replace(cfg, id="sf", width=832, height=480)
+    return {"sf": World(cfg, transformer, decoder, device="meta", dtype=dtype)}
+
+
+def test_the_published_self_forcing_starts_with_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: fp32 and 16 + 2 rows asked for 108.7 GB for the K half alone and died on an
+    H200. bfloat16 on CUDA (the default there) fits 16 sessions; float32 is lowered to what fits;
+    a CPU budget that holds no float32 session is one line naming bfloat16."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (136 * gib, 139 * gib))  # weights in
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    h200 = device_budget("cuda")
+    assert fit_sessions(self_forcing_size(torch.bfloat16), 16, h200, True, "cuda") == 16
+    assert fit_sessions(self_forcing_size(torch.float32), 16, h200, True, "cuda") == 7
+    with pytest.raises(StartupError, match=r"needs 34\.3 GiB of cpu memory .* try --dtype bfloat16"):
+        fit_sessions(self_forcing_size(torch.float32), 16, Budget(32 * gib, "test"), False, "cpu")
