@@ -41,6 +41,7 @@ world of models/tiny_world/, the default).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,6 +53,7 @@ from safetensors.torch import load_file, save_file
 from models.causal_wan import ActionConfig, CausalWan, CausalWanConfig
 from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
 from models.key_gate import KeyGate, KeyGateConfig
+from models.names import DEFAULT_MODEL as DEFAULT_MODEL  # re-exported: the registry's default
 from models.sampler import FlowSchedule
 from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
 from models.terrain_prior import TerrainPrior, TerrainPriorConfig
@@ -72,6 +74,9 @@ START_IMAGE_KINDS = ("game", "file")  # worldserve.json "start_image.kind" value
 
 class UnknownModelError(KeyError):
     """No model of that name (the protocol's `not_found`)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""  # the message, without KeyError's quotes
 
 
 class UnsupportedModelError(ValueError):
@@ -425,16 +430,30 @@ REGISTRY: dict[str, Callable[[torch.device | str, torch.dtype], World]] = {
     "tiny-random": _tiny_random,
     "tiny-world": _tiny_world,
 }
-DEFAULT_MODEL = "tiny-world"
 
 
 def from_name(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> World:
-    """Load a registered world by name, or a model directory by path."""
+    """Load a registered world by name, or a model directory by path.
+
+    A name that is neither raises `UnknownModelError`, except one written as a path (it has a
+    separator, or starts with . or ~), which raises FileNotFoundError: it says the path is missing
+    rather than that no world has that name."""
     if name in REGISTRY:
         return REGISTRY[name](device, dtype)
-    if Path(name).is_dir():
-        return load_world(name, device, dtype)
-    raise UnknownModelError(f"unknown model {name!r}; known: {sorted(REGISTRY)} or a model directory path")
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return load_world(path, device, dtype)
+    if path.exists():
+        raise FileNotFoundError(f"{name} is a file, not a model directory")
+    if _looks_like_path(name):
+        raise FileNotFoundError(f"model directory {name} does not exist")
+    registered = ", ".join(sorted(REGISTRY))
+    raise UnknownModelError(f"unknown model {name!r}; registered: {registered}, or a model directory")
+
+
+def _looks_like_path(name: str) -> bool:
+    separators = {"/", os.sep} | ({os.altsep} if os.altsep else set())
+    return name.startswith((".", "~")) or any(s in name for s in separators)
 
 
 def list_models() -> list[str]:

@@ -14,10 +14,11 @@ from models import registry
 from models.world import World
 from runtime.engine import Engine, EngineThread
 from sessions.manager import SessionManager
+from web import startup
 
 __all__ = ["DTYPES", "Runtime", "load_worlds"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in startup.DTYPES}  # --dtype name -> torch dtype
 
 
 def load_worlds(names: Iterable[str], device: str = "cpu", dtype: str = "float32") -> dict[str, World]:

@@ -6,7 +6,9 @@
     worldserve models
     worldserve convert --from self-forcing|matrix-game-2|fastvideo SRC... [--config FILE] --out DIR
     worldserve parity --model DIR --golden FILE.safetensors   (web.paritycli)
-    (serve, generate: [--prompt-embeds DIR] resolves prompts of text worlds from local files)
+    (serve, generate: [--prompt-embeds DIR] resolves prompts of text worlds from local files;
+     [--dtype auto] is bfloat16 on CUDA and float32 on CPU; [--device-memory SIZE] bounds the
+     sessions' K/V state, web/memory.py)
     worldserve record | replay | rollout   (web.datacli: episodes from a running server)
 
 ``serve`` loads the worlds (registry names or local model directories; the default is the
@@ -16,8 +18,16 @@ and prints the URL to open. ``generate`` runs a one-shot in-process through the 
 default, web.video). ``models`` lists the registered worlds.
 
 Bad settings (a port out of range or in use, a device this machine lacks, an ``--out`` that
-cannot be written) are found before any model loads: one line on stderr, exit status 2.
+cannot be written) are found before any model loads: one line on stderr, exit status 2. So is a
+model that cannot be loaded, and state that does not fit: once the weights are in, ``serve``
+lowers ``--max-sessions`` to what the device-memory budget holds (one warning line), or exits
+when not even one session fits, before the engine allocates anything.
+
+Parsing imports no torch, diffusers or model code, so ``--help`` and a typo answer at once:
+each command imports what it runs inside its function (see `_parser`).
 """
+
+from __future__ import annotations
 
 import argparse
 import asyncio
@@ -27,24 +37,27 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from tqdm import tqdm
+from models.names import DEFAULT_MODEL
+from web import convertcli, datacli, memory, paritycli
+from web.hub import ServerConfig
+from web.startup import (
+    DTYPES,
+    StartupError,
+    check_bind,
+    check_out,
+    check_port,
+    parse_size,
+    resolve_device,
+    resolve_dtype,
+)
 
-from models import registry
-from models.actions import FrameAction
-from models.game import parse_action_script
-from models.prompts import PromptEmbeddings
-from models.world import World
-from sessions.events import FramesEvent, ReadyEvent, SessionEvent
-from sessions.manager import OpenParams
-from web import convertcli, datacli, paritycli
-from web.app import DTYPES, Runtime, load_worlds
-from web.server import Server, ServerConfig
-from web.startup import StartupError, check_bind, check_out, check_port, resolve_device
-from web.video import Mp4Writer
+if TYPE_CHECKING:
+    from models.actions import FrameAction
+    from models.world import World
+    from web.server import Server
 
 __all__ = ["main", "script_actions"]
 
@@ -59,13 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        if hasattr(args, "threads"):  # serve, generate: the engine thread runs the model
-            if args.threads is not None and args.threads < 1:
-                raise StartupError(f"--threads {args.threads}: must be at least 1")
-            # Only the engine thread runs torch ops on several threads (`EngineThread`: a second
-            # worker team slows every op); this one loads the worlds on one.
-            args.engine_threads = args.threads or torch.get_num_threads()
-            torch.set_num_threads(1)
+        if getattr(args, "threads", None) is not None and args.threads < 1:  # serve, generate
+            raise StartupError(f"--threads {args.threads}: must be at least 1")
         return args.run(args)
     except StartupError as exc:
         print(f"worldserve: error: {exc}", file=sys.stderr)
@@ -73,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The whole command line. Building it imports no torch, diffusers or model code (they take
+    seconds): defaults come from light modules (web.hub, web.startup, models.names) and each
+    command imports what it runs inside its own function. A new flag follows the same rule."""
     parser = argparse.ArgumentParser(prog="worldserve", description="Interactive world-model session server.")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
@@ -83,7 +94,12 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=int, default=8000, help="port; 0 picks a free one (default: %(default)s)"
     )
     _model_args(serve, repeatable=True, threads=serve_threads())
-    serve.add_argument("--max-sessions", type=int, default=16, help="live sessions (default: %(default)s)")
+    serve.add_argument(
+        "--max-sessions",
+        type=int,
+        default=16,
+        help="live sessions; lowered to what --device-memory holds (default: %(default)s)",
+    )
     serve.add_argument(
         "--max-batch", type=int, default=4, help="sessions per engine step (default: %(default)s)"
     )
@@ -220,12 +236,27 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool, threads: i
         default=None,
         help="registry name or local model directory"
         + (" (repeatable; the first is the default)" if repeatable else "")
-        + f" (default: {registry.DEFAULT_MODEL})",
+        + f" (default: {DEFAULT_MODEL})",
     )
     parser.add_argument(
         "--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, ..."
     )
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="(default: %(default)s)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *sorted(DTYPES)],
+        help="weights and K/V state; auto: bfloat16 on CUDA, float32 on CPU (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--device-memory",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="device memory the sessions' K/V state may take, e.g. 40GiB; the session count is lowered "
+        "to fit (default: CUDA: the free memory after the weights load, less "
+        f"{memory.CUDA_MARGIN * 100:.0f}%% of the device; CPU: {memory.CPU_SHARE * 100:.0f}%% of the "
+        "available RAM)",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -257,9 +288,28 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool, threads: i
     )
 
 
-def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World] | None:
+def _engine_threads(threads: int | None) -> int:
+    """The engine thread's torch threads (--threads, else torch's count). Only the engine thread
+    runs torch ops on several threads (`EngineThread`: a second worker team slows every op); this
+    one, which loads the worlds, keeps one."""
+    import torch
+
+    engine = threads or torch.get_num_threads()
+    torch.set_num_threads(1)
+    return engine
+
+
+def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World]:
+    """The worlds of --model on --device in --dtype, with --decoder, --prompt-embeds and
+    --compile applied; a world that cannot be loaded is a StartupError (one line)."""
+    import torch
+
+    from models import registry
+    from models.prompts import PromptEmbeddings
+    from web import app
+
     try:
-        worlds = load_worlds(names, args.device, args.dtype)
+        worlds = app.load_worlds(names, args.device, resolve_dtype(args.dtype, args.device))
         if args.decoder:
             worlds = {k: registry.with_decoder(w, args.decoder) for k, w in worlds.items()}
         if args.prompt_embeds is not None:
@@ -272,32 +322,58 @@ def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World] | 
             for w in worlds.values():
                 w.compile(buckets, mode="reduce-overhead" if args.compile == "graphs" else None)
         return worlds
+    except torch.cuda.OutOfMemoryError as exc:
+        raise StartupError(
+            f"cannot load {', '.join(names)}: its weights do not fit in {args.device} memory "
+            "(try --dtype bfloat16, or another --device)"
+        ) from exc
     except (KeyError, OSError, ValueError) as exc:
-        print(f"worldserve: cannot load {', '.join(names)}: {exc}", file=sys.stderr)
-        print(
-            f"worldserve: registered worlds: {', '.join(registry.list_models())} (or a model directory)",
-            file=sys.stderr,
+        raise StartupError(f"cannot load {', '.join(names)}: {exc}") from exc
+
+
+def _sessions_that_fit(worlds: dict[str, World], args: argparse.Namespace, requested: int) -> int:
+    """``requested`` sessions, or fewer when their K/V state would not fit the device-memory budget
+    (web.memory: one warning line says so); a StartupError when not even one fits."""
+    pipelined = SWITCH[getattr(args, "overlap_decode", "auto")]
+    if pipelined is None:  # the engine's own default (runtime/engine.py)
+        pipelined = any(w.device.type == "cuda" for w in worlds.values())
+    budget = memory.device_budget(args.device, args.device_memory)
+    fits = memory.fit_sessions(worlds, requested, budget, pipelined, args.device)
+    if fits < requested:
+        per = memory.pool_cost(worlds, pipelined).per_session
+        log.warning(
+            "--max-sessions %d lowered to %d: a session's K/V state takes %s and the budget is %s (%s); "
+            "--device-memory sets the budget",
+            requested,
+            fits,
+            memory.format_bytes(per),
+            memory.format_bytes(budget.nbytes),
+            budget.source,
         )
-        return None
+    return fits
 
 
 # -- serve --------------------------------------------------------------------------------------
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from web.server import Server
+
     check_port(args.port)
+    if args.max_sessions < 1:
+        raise StartupError(f"--max-sessions {args.max_sessions}: must be at least 1")
     args.device = resolve_device(args.device)
     check_bind(args.host, args.port)
-    worlds = _load(args.model or [registry.DEFAULT_MODEL], args)
-    if worlds is None:
-        return 2
+    args.engine_threads = _engine_threads(args.threads)
+    worlds = _load(args.model or [DEFAULT_MODEL], args)
+    max_sessions = _sessions_that_fit(worlds, args, args.max_sessions)
     config = ServerConfig(
         host=args.host,
         port=args.port,
         token=args.token or os.environ.get(TOKEN_ENV) or None,
         debug_hooks=args.debug_hooks,
         default_model=next(iter(worlds)),
-        max_sessions=args.max_sessions,
+        max_sessions=max_sessions,
         detach_ttl_s=args.detach_ttl,
         max_batch=args.max_batch,
         overlap_decode=SWITCH[args.overlap_decode],
@@ -316,12 +392,20 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_until_signalled(server: Server) -> None:
+    import torch
+
     try:
         await server.start()
     except OSError as exc:  # the port was taken between check_bind and now
         await server.stop()
         where = f"{server.config.host}:{server.config.port}"
         raise StartupError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
+    except torch.cuda.OutOfMemoryError as exc:  # the margin was too thin for this device
+        await server.stop()
+        raise StartupError(
+            f"out of device memory reserving {server.config.max_sessions} sessions' K/V state; "
+            "give a smaller --device-memory or --max-sessions"
+        ) from exc
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -343,6 +427,9 @@ def script_actions(world: World, script: str, chunks: int | None) -> list[list[F
     frames, and chunks past the script's end get no input. ``chunks`` None: just enough chunks
     to cover the script (8 without one).
     """
+    from models.actions import FrameAction
+    from models.game import parse_action_script
+
     frames = parse_action_script(script)
     first = world.start_frames  # latent frames before the first scripted chunk
     n = world.chunk_frames
@@ -367,16 +454,17 @@ def script_actions(world: World, script: str, chunks: int | None) -> list[list[F
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from models.game import parse_action_script
+
     check_out(args.out)
     args.device = resolve_device(args.device)
     try:
         parse_action_script(args.actions)
     except ValueError as exc:
         raise StartupError(f"--actions: {exc}") from exc
-    name = args.model or registry.DEFAULT_MODEL
-    worlds = _load([name], args)
-    if worlds is None:
-        return 2
+    args.engine_threads = _engine_threads(args.threads)
+    worlds = _load([args.model or DEFAULT_MODEL], args)
+    _sessions_that_fit(worlds, args, 1)  # a one-shot is one session
     (world,) = worlds.values()
     try:
         actions = script_actions(world, args.actions, args.chunks)
@@ -410,8 +498,17 @@ async def _run_oneshot(
     threads: int | None = None,
     video: str = "auto",  # a web.video.VideoStyle
 ) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    from sessions.events import FramesEvent, ReadyEvent, SessionEvent
+    from sessions.manager import OpenParams
+    from web.app import Runtime
+    from web.video import Mp4Writer
+
     spec = world.spec
-    runtime = Runtime.start(worlds, threads=threads)
+    runtime = Runtime.start(worlds, max_sessions=1, threads=threads)  # one session: one pool row
     writer = Mp4Writer(out, spec.width, spec.height, spec.fps, style=video)  # type: ignore[arg-type]
     disk = ThreadPoolExecutor(1, thread_name_prefix="worldserve-mp4")  # one thread: chunks stay in order
     bar = tqdm(total=len(actions), unit="chunk", desc=spec.id)
@@ -441,8 +538,10 @@ async def _run_oneshot(
 
 
 def _models(args: argparse.Namespace) -> int:
+    from models import registry
+
     for name in registry.list_models():
-        print(f"{name}{'  (default)' if name == registry.DEFAULT_MODEL else ''}")
+        print(f"{name}{'  (default)' if name == DEFAULT_MODEL else ''}")
     return 0
 
 

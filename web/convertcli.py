@@ -6,7 +6,7 @@ SRC: the transformer checkpoint (Self-Forcing `self_forcing_dmd.pt`, Matrix-Game
 `*_distill.safetensors`, or a FastVideo "-Diffusers" directory), optionally `Wan2.1_VAE.pth` and
 (Matrix-Game) `models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth`, in any order: each file
 is recognised by its keys. This module only parses arguments and reports; models/convert does
-the work (no tensors here).
+the work (no tensors here; its modules load only once the command runs).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from models.convert.keymap import ConversionError
-from models.convert.output import KINDS, convert_sources, load_config_file, write
+from models.convert.kinds import KINDS
 
 __all__ = ["register"]
 
@@ -36,20 +35,22 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Convert; print what was written and what serving it still needs. Exit 2 on failure."""
+    from models.convert.keymap import ConversionError
+    from models.convert.output import convert_sources, load_config_file, write
+
     try:
         conv = convert_sources(
             args.kind, list(args.sources), load_config_file(args.config), progress=not args.no_progress
         )
         out = write(conv, args.out, progress=not args.no_progress)
     except (ConversionError, OSError) as exc:
-        print(f"worldserve convert: {exc}", file=sys.stderr)
+        hint = ""
         if "mis-shaped" in str(exc) and args.config is None:
-            print(
-                "worldserve convert: sizes differ from the published config; pass --config", file=sys.stderr
-            )
-        print("worldserve convert: nothing was written", file=sys.stderr)
+            hint = " (sizes differ from the published config; pass --config)"
+        print(f"worldserve convert: {exc}{hint}; nothing was written", file=sys.stderr)
         return 2
-    print(f"worldserve convert: wrote {conv.family} ({conv.variant}) to {out}")
+    size = f"{conv.inference['width']}x{conv.inference['height']}"  # said, as --config can change it
+    print(f"worldserve convert: wrote {conv.family} ({conv.variant}, {size} frames) to {out}")
     if conv.requires:
         print(f"worldserve convert: serving it still needs: {', '.join(conv.requires)} (docs/MODELS.md)")
     return 0

@@ -9,16 +9,21 @@
 ``--seed + N``; finished ones are skipped, so it resumes). ``replay`` plays an episode directory
 (or every episode under DIR) back through a server and says whether the frames match: exit 0 when
 bit-identical or its worst chunk's PSNR is at least ``--min-psnr`` (``--exact``: only when
-bit-identical), else 1.
+bit-identical), else 1. A server that cannot be reached or refuses the session (a wrong token or
+model) is one line on stderr and exit status 2, as bad usage is.
+
+The SDK, gymnasium and tqdm load only once a command runs: building the parser stays cheap.
 """
 
 import argparse
 import asyncio
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
+from web.errors import ServerError, SessionClosed
 
 __all__ = ["register"]
 
@@ -69,11 +74,34 @@ def _session_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"worldserve: {message}", file=sys.stderr)
+    print(f"worldserve: error: {message}", file=sys.stderr)
     return 2
 
 
+def _server_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run ``command``; a server that is not there, refuses the session or closes it, and a path
+    that cannot be written, are the user's to fix (start the server, pass --url, --token, --model
+    or another --out): one line and exit 2, no traceback."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except (ServerError, SessionClosed, OSError) as exc:  # ServerUnreachable is an OSError
+            return _fail(str(exc))
+        except ModuleNotFoundError as exc:
+            if exc.name != "gymnasium":
+                raise
+            name = command.__name__.removeprefix("_")
+            return _fail(f"{name} needs gymnasium: pip install 'worldserve[gym]'")
+
+    return run
+
+
+@_server_errors
 def _record(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from web.sdk.gym_env import WorldEnv
     from web.sdk.record import RecordEpisode
     from web.sdk.rollout import load_policy
@@ -94,10 +122,13 @@ def _record(args: argparse.Namespace) -> int:
     return 0
 
 
+@_server_errors
 def _replay(args: argparse.Namespace) -> int:
     from web.sdk.record import is_complete
     from web.sdk.replay import replay
 
+    if not args.dir.is_dir():
+        return _fail(f"{args.dir} does not exist")
     dirs = (
         [args.dir]
         if is_complete(args.dir)
@@ -113,7 +144,10 @@ def _replay(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+@_server_errors
 def _rollout(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from web.sdk.record import is_complete
     from web.sdk.rollout import episode_dir, load_policy, rollout
 
@@ -141,6 +175,9 @@ def _rollout(args: argparse.Namespace) -> int:
                 on_step=lambda _: bar.update(1),
             )
         )
+    except BaseException:
+        bar.leave = False  # cleared: the error's line replaces it
+        raise
     finally:
         bar.close()
     print(result.summary())

@@ -1,15 +1,18 @@
 """What every connection of one server shares: settings, sessions, the encode pool, and which
 connection each session is attached to."""
 
+from __future__ import annotations
+
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from weakref import WeakKeyDictionary
 
-from sessions.manager import SessionManager
-from sessions.session import Session
-from web.messages import Codec
+if TYPE_CHECKING:  # annotations only: the CLI reads ServerConfig's defaults without loading torch
+    from sessions.manager import SessionManager
+    from sessions.session import Session
+    from web.messages import Codec
 
 __all__ = ["STATIC_DIR", "Hub", "Owner", "ServerConfig"]
 

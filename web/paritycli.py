@@ -15,10 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from models import registry
-from runtime import parity
-from web.app import DTYPES
-from web.startup import resolve_device
+from web.startup import DTYPES, resolve_device
 
 __all__ = ["register"]
 
@@ -41,9 +38,14 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Replay and report; see the module docstring for the exit status."""
+    from models import registry
+    from runtime import parity
+    from web.app import DTYPES as TORCH_DTYPES
+
     try:
         golden = parity.load_golden(args.golden)
-        world = registry.from_name(args.model, device=resolve_device(args.device), dtype=DTYPES[args.dtype])
+        device = resolve_device(args.device)
+        world = registry.from_name(args.model, device=device, dtype=TORCH_DTYPES[args.dtype])
         result = parity.compare(golden, parity.replay(world, golden))
     except (OSError, KeyError, ValueError, RuntimeError) as exc:
         print(f"worldserve parity: {exc}", file=sys.stderr)

@@ -1,16 +1,40 @@
 """Checks the CLI runs before any model work, so a bad flag costs one line, not a model load.
 
 Each check raises :class:`StartupError` with a message meant to be printed as one line on
-stderr (the CLI exits with status 2, as argparse does for bad usage).
+stderr (the CLI exits with status 2, as argparse does for bad usage). Nothing here imports torch
+at module level: the parser uses this module, and `worldserve --help` must not wait for torch.
 """
 
+import argparse
 import os
+import re
 import socket
 from pathlib import Path
 
-import torch
+__all__ = [
+    "DTYPES",
+    "StartupError",
+    "check_bind",
+    "check_out",
+    "check_port",
+    "parse_size",
+    "resolve_device",
+    "resolve_dtype",
+]
 
-__all__ = ["StartupError", "check_bind", "check_out", "check_port", "resolve_device"]
+DTYPES = ("float32", "bfloat16", "float16")  # --dtype values besides auto (torch dtype names)
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 class StartupError(Exception):
@@ -47,6 +71,8 @@ def resolve_device(device: str) -> str:
 
     ``cuda`` / ``cuda:N`` must name a GPU this process can use; other names must be ``cpu``.
     """
+    import torch  # here, not at the top: the parser imports this module
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -74,3 +100,23 @@ def check_out(path: Path) -> None:
         raise StartupError(f"--out {path}: is a directory; give a file name, e.g. {path / 'run.mp4'}")
     if not os.access(folder, os.W_OK):
         raise StartupError(f"--out {path}: directory {folder} is not writable")
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """The weights' dtype name: ``auto`` is bfloat16 on CUDA (half the memory of float32, and the
+    tensor cores' type) and float32 elsewhere (CPUs run bfloat16 slowly, if at all)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size such as ``40GiB``, ``512MB`` or ``1073741824`` (an argparse ``type``)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; e.g. 40GiB, 512MiB, 8GB or a byte count")
+    size = int(float(match.group(1)) * SIZE_UNITS[unit])
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return size

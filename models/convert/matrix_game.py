@@ -99,6 +99,8 @@ INFERENCE = {
     "templerun": _COMMON
     | {"denoising_step_list": [1000, 750, 500, 250], "warped_timesteps": [1000.0, 937.5, 833.3333, 625.0]},
 }
+VAE_SPATIAL = 8  # pixels per latent cell along each side (the Wan VAE)
+FRAME_MULTIPLE = 16  # pixels per token along each side: the VAE's 8 times the DiT's 2x2 patch
 MOUSE = {"columns": ["pitch", "yaw"], "from_protocol": "pitch = -dy * scale, yaw = dx * scale", "scale": 0.01}
 # Action columns in the original's order, with the keys its own interactive demo binds to them.
 ACTION_SPACE = {
@@ -219,10 +221,44 @@ def check_shapes(source: dict[str, Shape], original: dict | None = None) -> str:
 
 def convert(path: Path, original: dict | None = None) -> tuple[dict[str, torch.Tensor], str, dict]:
     """(converted state dict, variant, original config) from a Matrix-Game 2.0 safetensors file."""
+    frame_size(original)  # a bad --config size fails before the checkpoint is read (minutes at full size)
     state = read_state(path)
     variant, cfg = resolve(state, original)
     out = apply(state, key_map(cfg), target_shapes(cfg), f"matrix-game-2 {path.name} ({variant})")
     return out, variant, cfg
+
+
+def frame_size(original: dict | None) -> tuple[int, int]:
+    """(height, width) of the served frames: the published 352x640, or `height` / `width` of a
+    --config (e.g. a small test world). Raises ConversionError naming the field when a side is
+    not a positive multiple of `FRAME_MULTIPLE`."""
+    size = {"height": _COMMON["height"], "width": _COMMON["width"]}
+    for key in size:
+        value = (original or {}).get(key)
+        if value is None:
+            continue
+        if type(value) is not int or value <= 0 or value % FRAME_MULTIPLE:
+            raise ConversionError(
+                f"--config {key} {value!r}: a frame side must be a positive multiple of {FRAME_MULTIPLE} "
+                f"(the published frame is {_COMMON['height']}x{_COMMON['width']})"
+            )
+        size[key] = value
+    return size["height"], size["width"]
+
+
+def inference_settings(variant: str, original: dict) -> dict:
+    """The inference record of a converted directory: the variant's published settings (a custom
+    config gets the universal ones), its attention window, and its frame size (`frame_size`)."""
+    inf = dict(INFERENCE.get(variant, INFERENCE["universal"]))
+    inf |= {"local_attn_size": original["local_attn_size"], "sink_size": original.get("sink_size", 0)}
+    h, w = frame_size(original)
+    return inf | {
+        "height": h,
+        "width": w,
+        "latent_hw": [h // VAE_SPATIAL, w // VAE_SPATIAL],
+        "tokens_per_frame": (h // FRAME_MULTIPLE) * (w // FRAME_MULTIPLE),
+        "image_preprocess": f"center-crop to {h}:{w} aspect, resize to {h}x{w}, scale to [-1, 1]",
+    }
 
 
 MOUSE_SCALE = MOUSE["scale"]

@@ -31,9 +31,9 @@ from tqdm import tqdm
 
 from models.convert import clip, fastvideo, matrix_game, self_forcing, wan_vae
 from models.convert.keymap import ConversionError
+from models.convert.kinds import KINDS
 from models.convert.sources import list_keys, read_state
 
-KINDS = ("self-forcing", "matrix-game-2", "fastvideo")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 FORMAT = "worldserve-converted/1"
 
@@ -167,8 +167,7 @@ def _self_forcing(state: dict, variant: str, original: dict) -> Converted:
 
 
 def _matrix_game(state: dict, variant: str, original: dict) -> Converted:
-    inf = dict(matrix_game.INFERENCE.get(variant, matrix_game.INFERENCE["universal"]))
-    inf |= {"local_attn_size": original["local_attn_size"], "sink_size": original.get("sink_size", 0)}
+    inf = matrix_game.inference_settings(variant, original)  # frame size: published or --config
     return Converted(
         family="matrix-game-2",
         variant=variant,

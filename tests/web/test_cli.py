@@ -27,7 +27,7 @@ from models import registry
 from models.registry import save_world
 from models.taehv import TAEHV, TAEHVConfig
 from tests.web.conftest import recv, send
-from web import cli
+from web import app, cli
 from web import messages as m
 from web.cli import main, script_actions
 from web.errors import ServerError
@@ -85,9 +85,10 @@ def test_generate_writes_an_mp4(worlds, tmp_path: Path, capsys: pytest.CaptureFi
     assert (frames[0].width, frames[0].height) == (256, 256)  # a 32 px world is upscaled 8x by default
 
 
-def test_unknown_model_exits_with_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["generate", "--model", "no-such-world"]) == 2
-    assert "cannot load no-such-world" in capsys.readouterr().err
+def test_unknown_model_exits_with_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["generate", "--model", "no-such-world", "--out", str(tmp_path / "run.mp4")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "cannot load no-such-world: unknown model 'no-such-world'; registered: tiny-random" in line
 
 
 def test_generate_decodes_with_taehv_weights_from_a_local_file(
@@ -197,27 +198,30 @@ def test_startup_errors_are_one_line_before_any_model_work(
     def no_model_work(*args: object, **kwargs: object) -> None:
         raise AssertionError("a world was loaded before the settings were checked")
 
-    monkeypatch.setattr(cli, "load_worlds", no_model_work)
+    monkeypatch.setattr(app, "load_worlds", no_model_work)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a GPU machine
     argv = [str(busy_port) if a == "BUSY" else a.replace("MISSING", str(tmp_path / "missing")) for a in argv]
     assert main(argv) == 2
     assert says in one_error_line(capsys.readouterr().err)
 
 
-def test_device_defaults_to_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_device_and_dtype_default_to_auto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert cli._parser().parse_args(["serve"]).device == "auto"
     assert cli._parser().parse_args(["generate"]).device == "auto"
-    loaded: list[str] = []
+    loaded: list[tuple[str, str]] = []
 
     def load(names: object, device: str, dtype: str) -> None:
-        loaded.append(device)
+        loaded.append((device, dtype))
         raise OSError("stop here")  # reported as a load failure: exit 2
 
-    monkeypatch.setattr(cli, "load_worlds", load)
+    monkeypatch.setattr(app, "load_worlds", load)
+    out = ["--out", str(tmp_path / "run.mp4")]
     for cuda in (False, True):
         monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
-        assert main(["generate"]) == 2
-    assert loaded == ["cpu", "cuda"]
+        assert main(["generate", *out]) == 2
+    assert main(["generate", *out, "--device", "cuda", "--dtype", "float32"]) == 2  # a flag still decides
+    # bfloat16 on CUDA: the float32 default made a published world's pool twice the size
+    assert loaded == [("cpu", "float32"), ("cuda", "bfloat16"), ("cuda", "float32")]
 
 
 def test_port_in_use_exits_2_with_one_line(busy_port: int) -> None:
@@ -300,3 +304,93 @@ def test_serve_leaves_a_core_for_the_event_loop_and_the_encoders(monkeypatch) ->
         assert cli._parser().parse_args(["serve"]).threads == threads
     assert cli._parser().parse_args(["serve", "--threads", "2"]).threads == 2
     assert cli._parser().parse_args(["generate", "--out", "x.mp4"]).threads is None  # torch's own
+
+
+# -- start-up cost: parsing imports no model code ------------------------------------------------
+
+PARSE_ONLY = """
+import contextlib, io, sys
+from web import cli
+for argv in ARGVS:
+    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()) as out, \\
+            contextlib.redirect_stderr(io.StringIO()) as err:
+        cli.main(argv)
+    assert "usage:" in out.getvalue() + err.getvalue(), argv
+heavy = ("torch", "diffusers", "numpy", "gymnasium", "tqdm", "runtime", "sessions")
+modules = ("models.registry", "models.world", "web.app", "web.server", "web.sdk")
+print(sorted(m for m in sys.modules if m.split(".")[0] in heavy or m.startswith(modules)))
+"""
+
+
+def test_help_and_usage_errors_load_no_torch() -> None:
+    """`worldserve --help`, every command's --help and argument errors answer before torch,
+    diffusers or a model module loads (they took 4-8 s on 2 busy cores; now about 0.25 s)."""
+    commands = ["serve", "generate", "models", "convert", "parity", "record", "replay", "rollout"]
+    argvs = [["--help"], *([c, "--help"] for c in commands), ["serv"], ["serve", "--port", "x"]]
+    argvs += [["serve", "--device-memory", "lots"], ["convert", "--from", "nope", "x", "--out", "y"]]
+    code = PARSE_ONLY.replace("ARGVS", repr(argvs))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"  # no heavy module was imported
+
+
+# -- the sessions' K/V state against the device's memory -----------------------------------------
+
+
+def test_serve_lowers_max_sessions_to_what_the_budget_holds(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from web import memory
+
+    cost = memory.pool_cost({"w": registry.from_name("tiny-random")}, pipelined=False)
+    started: list[int] = []
+
+    async def serve(server) -> None:  # instead of listening: what the server would be started with
+        started.append(server.config.max_sessions)
+
+    monkeypatch.setattr(cli, "_serve_until_signalled", serve)
+    argv = ["serve", "--model", "tiny-random", "--device", "cpu", "--port", "0", "--threads", "1"]
+    assert main([*argv, "--device-memory", str(cost.total(3) + 1)]) == 0
+    assert main([*argv, "--device-memory", str(cost.total(3) + 1), "--max-sessions", "2"]) == 0
+    assert started == [3, 2]  # lowered from the default 16; a smaller request stands
+    lowered = [r.getMessage() for r in caplog.records if "lowered" in r.getMessage()]
+    assert len(lowered) == 1 and lowered[0].startswith("--max-sessions 16 lowered to 3")
+
+
+def test_serve_says_in_one_line_when_not_even_one_session_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["serve", "--model", "tiny-random", "--device", "cpu", "--port", "0", "--device-memory", "1KiB"]
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "one session of tiny-random needs" in line and "the budget is 1.0 KiB (--device-memory)" in line
+    assert "--dtype bfloat16" in line
+
+
+def test_generate_reserves_one_session(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loaded = []
+    load_worlds = app.load_worlds
+
+    def load(*args, **kwargs):
+        loaded.append(load_worlds(*args, **kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(app, "load_worlds", load)
+    out = tmp_path / "run.mp4"
+    assert main(["generate", "--model", "tiny-random", "--chunks", "1", "--out", str(out)]) == 0
+    (world,) = loaded[0].values()
+    assert world.transformer.pool.rows == 2  # the session and a reset's spare (the engine's 16 + 1 before)
+
+
+# -- expected user errors: one line, exit 2 -------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+def test_a_missing_model_directory_is_named_as_a_path(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no" / "such-dir"
+    extra = ["--port", "0"] if command == "serve" else ["--out", str(tmp_path / "run.mp4")]
+    assert main([command, "--model", str(missing), *extra]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"model directory {missing} does not exist" in line and "unknown model" not in line

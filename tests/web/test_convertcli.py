@@ -182,3 +182,39 @@ def test_self_forcing_directory_loads_with_a_vae_and_is_refused_without(tmp_path
     assert torch.equal(world.transformer.state_dict()["proj_out.weight"], weights["proj_out.weight"])
     assert world.config.schedule.steps == (1000, 750, 500, 250) and world.transformer.cfg.sink_frames == 0
     assert world.config.text_prompts
+
+
+def _convert_matrix_game(tmp_path: Path, **config: object) -> tuple[int, Path]:
+    _g, meta = load_golden("matrix_game_universal_rollout")
+    tmp_path.mkdir(exist_ok=True)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(meta["config"] | config))
+    out = tmp_path / "mg"
+    src = GOLDEN / "matrix_game_universal_tiny.safetensors"
+    argv = ["convert", "--from", "matrix-game-2", str(src), "--config", str(cfg), "--out", str(out)]
+    return main([*argv, "--no-progress"]), out
+
+
+def test_matrix_game_frame_size_comes_from_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from models.mg_world import world_config
+
+    rc, out = _convert_matrix_game(tmp_path, height=32, width=48)
+    assert rc == 0 and "(universal, 48x32 frames)" in capsys.readouterr().out
+    meta = json.loads((out / "worldserve.json").read_text())
+    inf = meta["inference"]
+    assert (inf["height"], inf["width"], inf["latent_hw"], inf["tokens_per_frame"]) == (32, 48, [4, 6], 6)
+    assert (world_config(meta).height, world_config(meta).width) == (32, 48)  # what a server would serve
+    rc, out = _convert_matrix_game(tmp_path / "published")
+    assert rc == 0 and "(universal, 640x352 frames)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("field", "value"), [("height", 30), ("width", 0), ("width", "48")])
+def test_matrix_game_refuses_a_frame_size_it_cannot_serve(
+    field: str, value: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out = _convert_matrix_game(tmp_path, **{field: value})
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--config {field} {value!r}: a frame side must be a positive multiple of 16" in err
+    assert len(err.strip().split("\n")) == 1 and not out.exists()
