@@ -54,6 +54,29 @@ def test_the_readme_says_how_to_get_cpu_torch_and_run_the_browser_tests() -> Non
     assert "apt-get install chromium" in quick_start and "CI=true" in quick_start
 
 
+def test_the_first_command_installs_the_cpu_torch_before_worldserve() -> None:
+    """A CPU user runs the lines in order: the CPU wheel must come before `pip install -e .`,
+    which would otherwise pull pip's default (CUDA) torch."""
+    first = blocks("bash")[0]
+    cpu = first.find("pip install torch --index-url https://download.pytorch.org/whl/cpu")
+    assert 0 <= cpu < first.find("pip install -e .")
+
+
+def test_every_benchmark_file_the_docs_name_exists() -> None:
+    """The docs cite benchmark scripts and their results; pruning `benchmarks/results` must not
+    leave a citation without its file."""
+    card = ROOT / "models/tiny_world/MODEL_CARD.md"
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), card]
+    cited = {
+        (doc.name, name)
+        for doc in docs
+        for name in re.findall(r"benchmarks/(?:results/)?[\w.-]+\.(?:py|json|png|mp4)", doc.read_text())
+    }
+    assert len(cited) > 20
+    missing = sorted((doc, name) for doc, name in cited if not (ROOT / name).is_file())
+    assert not missing
+
+
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_python_example_runs_as_written(address: str, index: int) -> None:
     code = blocks("python")[index]
