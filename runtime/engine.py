@@ -41,7 +41,7 @@ from runtime.requests import (
     Outcome,
 )
 from runtime.runner import BoundaryHook, Runner, RunnerOutput
-from runtime.scheduler import ChunkShape, FifoScheduler, Scheduler
+from runtime.scheduler import ChunkShape, FairScheduler, Scheduler
 from runtime.transaction import Stream
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class Engine:
         self.runner = Runner(
             worlds, self.is_aborted, boundary_hook, pipeline=pipeline, defer_context=defer_context
         )
-        self.scheduler = scheduler or FifoScheduler(self._shape_of, max_batch)
+        self.scheduler = scheduler or FairScheduler(self._shape_of, max_batch)
         self.budget = KVBudget(max_streams, max_kv_bytes)
         self.max_queued = max_queued_per_stream
         self._side_outcomes: list[Outcome] = []  # produced by control calls; returned by the next step()
