@@ -86,6 +86,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-batch", type=int, default=4, help="sessions per engine step (default: %(default)s)"
     )
+    serve.add_argument(
+        "--realtime-headroom",
+        type=_headroom,
+        default=0.0,
+        metavar="FRACTION|off",
+        help="answer a realtime open `busy` once realtime sessions would need more than 1 - FRACTION "
+        "of the measured chunk rate; off: never (default: %(default)s)",
+    )
     _switch(
         serve,
         "--overlap-decode",
@@ -192,6 +200,19 @@ def serve_threads() -> int:
     return max(1, cores - 1)
 
 
+def _headroom(text: str) -> float | None:
+    """--realtime-headroom's value: `off` (None) or a fraction in [0, 1)."""
+    if text == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a fraction in [0, 1) or off")
+    return value
+
+
 def _switch(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
     """An auto|on|off flag (read through `SWITCH`)."""
     parser.add_argument(flag, default="auto", choices=list(SWITCH), help=f"{help} (default: %(default)s)")
@@ -284,6 +305,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         detach_ttl_s=args.detach_ttl,
         max_batch=args.max_batch,
+        realtime_headroom=args.realtime_headroom,
         overlap_decode=SWITCH[args.overlap_decode],
         defer_clean_pass=SWITCH[args.defer_clean_pass],
         engine_threads=args.engine_threads,
