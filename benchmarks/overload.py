@@ -14,8 +14,9 @@ Reports, over all sessions:
   (target p99/p50 <= 3);
 * queue wait per chunk: the server's `frames.timings.queue` (submit -> the step that ran it)
   and /metrics' `worldserve_queue_wait_seconds` (submit -> batch) at the end;
-* chunks/s the server delivered in all, and the rate the engine measured
-  (`worldserve_chunk_rate`, what realtime admission counts on).
+* chunks/s the server delivered in all and in the second half of the run, and the rate the
+  engine measured then (`worldserve_chunk_rate` at the deadline: what realtime admission
+  counts on).
 
     python benchmarks/overload.py [--sessions 64] [--seconds 90] [--model tiny-world]
                                   [--server-root DIR] [--serve-arg=--flag ...]
@@ -54,6 +55,7 @@ class Client:
     """One lockstep session's record."""
 
     latencies: list[float] = field(default_factory=list)  # seconds, step sent -> frames in hand
+    arrived: list[float] = field(default_factory=list)  # perf_counter() when each chunk came
     queue_ms: list[float] = field(default_factory=list)  # frames.timings.queue of each chunk
     errors: list[str] = field(default_factory=list)
 
@@ -114,7 +116,9 @@ async def session(
             while True:
                 msg = await recv(ws, 600)
                 if isinstance(msg, m.Frames):
-                    out.latencies.append(time.perf_counter() - sent)
+                    now = time.perf_counter()
+                    out.latencies.append(now - sent)
+                    out.arrived.append(now)
                     out.queue_ms.append(float(msg.timings.get("queue", float("nan"))))
                     await ws.send(wire.encode(m.Ack(chunk=msg.chunk)))
                     break
@@ -127,8 +131,8 @@ async def session(
 
 
 def scrape_metrics(addr: str) -> dict[str, object]:
-    """From the server's /metrics: the lockstep queue-wait histogram (count, sum, buckets) and
-    the engine's measured chunk rate (what realtime admission would count on)."""
+    """From the server's /metrics: the lockstep queue-wait histogram (count, sum, buckets) so
+    far and the engine's measured chunk rate (what realtime admission would count on)."""
     with urllib.request.urlopen(f"http://{addr}/metrics", timeout=30) as r:
         text = r.read().decode()
     out: dict[str, object] = {}
@@ -165,9 +169,16 @@ async def run(args: argparse.Namespace, addr: str) -> dict:
     began = time.perf_counter()
     deadline[0] = began + args.seconds
     start.set()
+    # /metrics at the deadline, while every session still has a step outstanding
+    await asyncio.sleep(args.seconds)
+    metrics = await asyncio.to_thread(scrape_metrics, addr)
     await asyncio.gather(*tasks)
     wall = time.perf_counter() - began
-    return summarize(clients, wall) | {"metrics": await asyncio.to_thread(scrape_metrics, addr)}
+    # delivered under full load: the chunks that came in the second half before the deadline
+    half = began + args.seconds / 2
+    late = sum(1 for c in clients for t in c.arrived if half <= t < deadline[0])
+    metrics["delivered_chunk_rate_2nd_half"] = round(late / (deadline[0] - half), 2)
+    return summarize(clients, wall) | {"metrics": metrics}
 
 
 def summarize(clients: list[Client], wall: float) -> dict:
