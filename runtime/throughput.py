@@ -13,7 +13,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-EWMA_ALPHA = 0.2  # weight of the newest batch: about the last ten batches count
+EWMA_ALPHA = 0.05  # weight of the newest batch: a batch counts half as much 14 batches later,
+# so a few slow or fast batches (another process on the machine) do not swing admission
 
 
 @dataclass
