@@ -284,6 +284,8 @@ class Engine:
         """Schedule one batch, run it, commit what survived; return every outcome produced.
         Pipelined, a batch's chunks commit in the step after the one that computed them."""
         start = time.perf_counter()
+        if self._timing is not None:
+            self._timing.charge_gap(start)
         outcomes, self._side_outcomes = self._side_outcomes, []
         outcomes += self._process_aborts()
         plan = self.scheduler.schedule()
@@ -299,7 +301,7 @@ class Engine:
             self.scheduler.requeue(sc.request)
         if plan.chunks:
             metrics.BATCH_SIZE.observe(len(plan.chunks))
-        self._time_batch(plan, time.perf_counter() - start)
+        self._time_batch(plan, start)
         return outcomes
 
     def _observe_queue(self, plan: StepPlan) -> None:
@@ -309,20 +311,23 @@ class Engine:
                 metrics.QUEUE_WAIT.labels(plan.model_id, mode).observe(sc.waited_s)
         metrics.QUEUED.set(self.scheduler.waiting())
 
-    def _time_batch(self, plan: StepPlan, seconds: float) -> None:
+    def _time_batch(self, plan: StepPlan, start: float) -> None:
         """Charge a step's time to the batch it ran, or, for a step that only finished the last
         batch (its owed clean pass, its pipelined decode), to that batch; a batch's sample goes
         to the meter when the next batch starts."""
-        if not plan.chunks:
+        end = time.perf_counter()
+        if plan.chunks:
             if self._timing is not None:
-                self._timing.seconds += seconds
-            return
+                done = self._timing
+                rate = self.throughput.record(done.model_id, done.batch, done.seconds)
+                if rate is not None:
+                    metrics.CHUNK_RATE.labels(done.model_id).set(rate)
+            self._timing = BatchTimer(plan.model_id, len(plan.chunks))
         if self._timing is not None:
-            done = self._timing
-            rate = self.throughput.record(done.model_id, done.batch, done.seconds)
-            if rate is not None:
-                metrics.CHUNK_RATE.labels(done.model_id).set(rate)
-        self._timing = BatchTimer(plan.model_id, len(plan.chunks), seconds)
+            self._timing.seconds += end - start
+            # With work left the thread steps again at once: the time until then (outcomes
+            # handed out, requests taken in) is engine time too. Idle time is not.
+            self._timing.gap_from = end if self.has_work() else None
 
     def _process_aborts(self) -> list[Outcome]:
         with self._lock:

@@ -1,7 +1,8 @@
 """How many chunks a second the engine runs, per world, measured while it serves.
 
-The engine records each batch's engine time (the step that ran it plus any step right after
-that only finished it: an owed clean pass, a pipelined decode). Per world and batch size the
+The engine records each batch's engine time: the step that ran it plus any step right after
+that only finished it (an owed clean pass, a pipelined decode), and, while work was waiting,
+the time between those steps (handing outcomes out, taking requests in). Per world and batch size the
 meter keeps an exponentially weighted mean of those seconds; a world's rate is the best
 `batch / seconds` among the batch sizes it has run. It grows as load makes bigger batches, so
 it never promises more than a batch size the engine has actually run. The first batch of each
@@ -53,4 +54,11 @@ class BatchTimer:
 
     model_id: str
     batch: int
-    seconds: float
+    seconds: float = 0.0
+    gap_from: float | None = None  # a step ended here with work left: the time to the next counts
+
+    def charge_gap(self, now: float) -> None:
+        """The next step starts at `now`: add the time since a step that left work behind."""
+        if self.gap_from is not None:
+            self.seconds += now - self.gap_from
+            self.gap_from = None
