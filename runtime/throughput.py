@@ -2,9 +2,9 @@
 
 The engine records each batch's engine time: the step that ran it plus any step right after
 that only finished it (an owed clean pass, a pipelined decode), and, while work was waiting,
-the time between those steps (handing outcomes out, taking requests in). Per world and batch size the
-meter keeps an exponentially weighted mean of those seconds; a world's rate is the best
-`batch / seconds` among the batch sizes it has run. It grows as load makes bigger batches, so
+the time between those steps (handing outcomes out, taking requests in). Per world and batch
+size the meter keeps an exponentially weighted mean of those seconds; a world's rate is the
+best `batch / seconds` among the batch sizes it has run. It grows as load makes bigger batches, so
 it never promises more than a batch size the engine has actually run. The first batch of each
 world and size is not counted: it may compile kernels or fill caches (seconds on a GPU).
 """
