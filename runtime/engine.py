@@ -41,7 +41,8 @@ from runtime.requests import (
     Outcome,
 )
 from runtime.runner import BoundaryHook, Runner, RunnerOutput
-from runtime.scheduler import ChunkShape, FifoScheduler, Scheduler
+from runtime.scheduler import ChunkShape, FairScheduler, Scheduler
+from runtime.throughput import BatchTimer, ThroughputMeter
 from runtime.transaction import Stream
 
 log = logging.getLogger(__name__)
@@ -98,10 +99,12 @@ class Engine:
         self.runner = Runner(
             worlds, self.is_aborted, boundary_hook, pipeline=pipeline, defer_context=defer_context
         )
-        self.scheduler = scheduler or FifoScheduler(self._shape_of, max_batch)
+        self.scheduler = scheduler or FairScheduler(self._shape_of, max_batch)
         self.budget = KVBudget(max_streams, max_kv_bytes)
         self.max_queued = max_queued_per_stream
         self._side_outcomes: list[Outcome] = []  # produced by control calls; returned by the next step()
+        self.throughput = ThroughputMeter()  # measured chunks/s per world (admission reads it)
+        self._timing: BatchTimer | None = None  # the last batch, until the next one starts
 
     # -- thread-safe ----------------------------------------------------------------------------
 
@@ -280,9 +283,13 @@ class Engine:
     def step(self) -> list[Outcome]:
         """Schedule one batch, run it, commit what survived; return every outcome produced.
         Pipelined, a batch's chunks commit in the step after the one that computed them."""
+        start = time.perf_counter()
+        if self._timing is not None:
+            self._timing.charge_gap(start)
         outcomes, self._side_outcomes = self._side_outcomes, []
         outcomes += self._process_aborts()
         plan = self.scheduler.schedule()
+        self._observe_queue(plan)
         if plan.is_empty and not self.runner.busy:
             return outcomes
         outcomes += self._finish(self.runner.execute(plan))
@@ -294,7 +301,33 @@ class Engine:
             self.scheduler.requeue(sc.request)
         if plan.chunks:
             metrics.BATCH_SIZE.observe(len(plan.chunks))
+        self._time_batch(plan, start)
         return outcomes
+
+    def _observe_queue(self, plan: StepPlan) -> None:
+        for sc in plan.chunks:
+            if sc.waited_s is not None:
+                mode = "realtime" if sc.request.source is not None else "lockstep"
+                metrics.QUEUE_WAIT.labels(plan.model_id, mode).observe(sc.waited_s)
+        metrics.QUEUED.set(self.scheduler.waiting())
+
+    def _time_batch(self, plan: StepPlan, start: float) -> None:
+        """Charge a step's time to the batch it ran, or, for a step that only finished the last
+        batch (its owed clean pass, its pipelined decode), to that batch; a batch's sample goes
+        to the meter when the next batch starts."""
+        end = time.perf_counter()
+        if plan.chunks:
+            if self._timing is not None:
+                done = self._timing
+                rate = self.throughput.record(done.model_id, done.batch, done.seconds)
+                if rate is not None:
+                    metrics.CHUNK_RATE.labels(done.model_id).set(rate)
+            self._timing = BatchTimer(plan.model_id, len(plan.chunks))
+        if self._timing is not None:
+            self._timing.seconds += end - start
+            # With work left the thread steps again at once: the time until then (outcomes
+            # handed out, requests taken in) is engine time too. Idle time is not.
+            self._timing.gap_from = end if self.has_work() else None
 
     def _process_aborts(self) -> list[Outcome]:
         with self._lock:

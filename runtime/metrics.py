@@ -29,3 +29,21 @@ BATCH_SIZE = Histogram(
     buckets=(1, 2, 3, 4, 6, 8, 12, 16),
     registry=REGISTRY,
 )
+QUEUE_WAIT = Histogram(
+    "worldserve_queue_wait_seconds",
+    "Seconds from a chunk's submit until a batch took it, by model and mode (realtime, lockstep).",
+    ["model", "mode"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128),
+    registry=REGISTRY,
+)
+QUEUED = Gauge(
+    "worldserve_queued_chunks",
+    "Chunk requests waiting for a batch at the last engine step.",
+    registry=REGISTRY,
+)
+CHUNK_RATE = Gauge(
+    "worldserve_chunk_rate",
+    "Measured chunks per second of a world at its best batch size so far (realtime admission's capacity).",
+    ["model"],
+    registry=REGISTRY,
+)

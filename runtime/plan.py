@@ -14,6 +14,7 @@ class ScheduledChunk:
     stream_id: str
     request: ChunkRequest  # the request this chunk serves (its actions or action source)
     n_latent: int  # latent frames this chunk adds
+    waited_s: float | None = None  # submit -> this batch, seconds; None if it ran before (requeued)
 
 
 @dataclass

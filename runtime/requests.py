@@ -44,6 +44,7 @@ class ChunkRequest:
     actions: Sequence[FrameAction] | None = None
     source: ActionSource | None = None
     submitted_at: float = 0.0  # time.perf_counter() at submit, for the queue timing
+    scheduled_at: float = 0.0  # time.perf_counter() when first put in a batch (0: not yet)
 
 
 @dataclass(frozen=True)

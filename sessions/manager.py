@@ -3,7 +3,8 @@
 No sockets and no torch: web/ hands it plain parameters and a sink for events; the engine
 thread does every piece of device work. Limits: `max_sessions` live sessions (detached ones
 count until their TTL, but an `open` at the limit closes the longest-detached one, so only
-attached sessions can fill the server), and the engine's own KV budget; both answer `busy`.
+attached sessions can fill the server), the engine's own KV budget, and for realtime sessions the
+measured chunk rate (sessions/capacity.py); each answers `busy`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import secrets
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -25,6 +27,7 @@ from models.world import Conditioning, ConditioningError
 from runtime.engine import EngineThread, StreamInfo
 from runtime.errors import CapacityError, EngineDeadError, StreamNotFound
 from runtime.requests import DebugHooks
+from sessions import capacity
 from sessions.errors import InvalidInput, SessionBusy, SessionError, SessionFailed, SessionNotFound
 from sessions.events import ClosedEvent, DoneEvent, ErrorEvent, FramesEvent, ReadyEvent, SessionEvent
 from sessions.session import Mode, Session, SessionStatus, Sink
@@ -58,12 +61,16 @@ class SessionManager:
         max_sessions: int = 16,
         detach_ttl_s: float = 60.0,
         allow_debug_hooks: bool = False,
+        realtime_headroom: float | None = None,
     ) -> None:
+        """`realtime_headroom`: share of the measured chunk rate realtime admission keeps free
+        (sessions/capacity.py); None: realtime opens are never refused for lack of chunk rate."""
         self.engine = engine
         self.default_model = default_model
         self.max_sessions = max_sessions
         self.detach_ttl_s = detach_ttl_s
         self.allow_debug_hooks = allow_debug_hooks
+        self.realtime_headroom = capacity.check_headroom(realtime_headroom)
         self._sessions: dict[str, Session] = {}
         self._by_token: dict[str, Session] = {}
         self._sweeper: asyncio.Task | None = None
@@ -127,6 +134,8 @@ class SessionManager:
             raise InvalidInput(
                 "debug hooks are off on this server (start it with --debug-hooks)", field="debug"
             )
+        if params.mode == "realtime":
+            self._check_realtime_rate(model_id)
         if len(self._sessions) >= self.max_sessions and not self._evict_detached():
             raise SessionBusy(f"server is full ({self.max_sessions} sessions); retry later")
         cond = self._conditioning(model_id, params)
@@ -166,6 +175,20 @@ class SessionManager:
         dst.detach()
         self._by_token[dst.resume_token] = dst
         return dst
+
+    def _check_realtime_rate(self, model_id: str) -> None:
+        """SessionBusy when the measured chunk rate cannot serve one more realtime session of
+        `model_id` beside the realtime sessions that are attached or opening (detached ones
+        generate nothing; a resume is not refused)."""
+        need: defaultdict[str, float] = defaultdict(float)
+        for s in self._sessions.values():
+            if s.mode == "realtime" and s.status in (SessionStatus.OPENING, SessionStatus.ACTIVE):
+                need[s.spec.id] += capacity.chunks_per_s(s.spec)
+        need[model_id] += capacity.chunks_per_s(self.engine.engine.worlds[model_id].spec)
+        rates = {m: self.engine.engine.throughput.rate(m) for m in need}
+        reason = capacity.refusal(self.realtime_headroom, need, rates, model_id)
+        if reason is not None:
+            raise SessionBusy(reason)
 
     def _evict_detached(self) -> bool:
         """Close the session detached the longest (its token dies: `not_found`) to make room for

@@ -44,6 +44,7 @@ class Runtime:
         *,
         default_model: str | None = None,
         max_batch: int = 4,
+        realtime_headroom: float | None = None,
         max_sessions: int = 16,
         overlap_decode: bool | None = None,
         defer_clean_pass: bool | None = None,
@@ -55,7 +56,8 @@ class Runtime:
         ``overlap_decode`` None = pipelined decode when a world runs on CUDA (runtime/runner.py);
         ``defer_clean_pass`` None = each chunk's clean pass runs after its frames are out unless
         the decode overlaps (runtime/runner.py);
-        ``threads``: the engine thread's torch threads (`EngineThread`; None: the process's)."""
+        ``threads``: the engine thread's torch threads (`EngineThread`; None: the process's);
+        ``realtime_headroom``: realtime admission (`SessionManager`; None: off)."""
         if not worlds:
             raise ValueError("no worlds to serve")
         default = default_model or next(iter(worlds))
@@ -76,6 +78,7 @@ class Runtime:
             max_sessions=max_sessions,
             detach_ttl_s=detach_ttl_s,
             allow_debug_hooks=debug_hooks,
+            realtime_headroom=realtime_headroom,
         )
         return cls(engine_thread, manager)
 

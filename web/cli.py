@@ -103,6 +103,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-batch", type=int, default=4, help="sessions per engine step (default: %(default)s)"
     )
+    serve.add_argument(
+        "--realtime-headroom",
+        type=_headroom,
+        default=0.0,
+        metavar="FRACTION|off",
+        help="answer a realtime open `busy` once realtime sessions would need more than 1 - FRACTION "
+        "of the measured chunk rate; off: never (default: %(default)s)",
+    )
     _switch(
         serve,
         "--overlap-decode",
@@ -222,6 +230,19 @@ def serve_threads() -> int:
     (benchmarks/server_overhead.py --threads 2 vs 1, 2026-12-04)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores - 1)
+
+
+def _headroom(text: str) -> float | None:
+    """--realtime-headroom's value: `off` (None) or a fraction in [0, 1)."""
+    if text == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a fraction in [0, 1) or off")
+    return value
 
 
 def _switch(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
@@ -376,6 +397,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=max_sessions,
         detach_ttl_s=args.detach_ttl,
         max_batch=args.max_batch,
+        realtime_headroom=args.realtime_headroom,
         overlap_decode=SWITCH[args.overlap_decode],
         defer_clean_pass=SWITCH[args.defer_clean_pass],
         engine_threads=args.engine_threads,

@@ -43,6 +43,9 @@ class ServerConfig:
     # connection cap; 0 = the idle timeout
     allow_origins: tuple[str, ...] = ()  # websocket Origins allowed besides same-origin; "*": any
     max_batch: int = 4  # sessions per engine step
+    realtime_headroom: float | None = None  # share of the measured chunk rate realtime opens leave
+    # free (sessions/capacity.py); None: off. `worldserve serve` turns it on (0.0): in-process
+    # servers (tests, notebooks) do not refuse by a rate that depends on how busy the machine is
     overlap_decode: bool | None = None  # decode on a side stream during the next denoise; None: on CUDA
     defer_clean_pass: bool | None = None  # clean pass after the frames are out; None: unless overlapping
     engine_threads: int | None = None  # torch threads of the engine thread; None: the process's

@@ -83,6 +83,7 @@ class Server:
             self.worlds,
             default_model=cfg.default_model,
             max_batch=cfg.max_batch,
+            realtime_headroom=cfg.realtime_headroom,
             max_sessions=cfg.max_sessions,
             overlap_decode=cfg.overlap_decode,
             defer_clean_pass=cfg.defer_clean_pass,
