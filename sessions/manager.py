@@ -184,6 +184,8 @@ class SessionManager:
         for s in self._sessions.values():
             if s.mode == "realtime" and s.status in (SessionStatus.OPENING, SessionStatus.ACTIVE):
                 need[s.spec.id] += capacity.chunks_per_s(s.spec)
+        if not need:
+            return  # the only realtime session gets what the device gives, even below its fps
         need[model_id] += capacity.chunks_per_s(self.engine.engine.worlds[model_id].spec)
         rates = {m: self.engine.engine.throughput.rate(m) for m in need}
         reason = capacity.refusal(self.realtime_headroom, need, rates, model_id)

@@ -65,3 +65,20 @@ def test_without_the_rule_realtime_opens_are_only_limited_by_sessions(worlds):
                 await m.open(OpenParams(model="tiny"))
 
     asyncio.run(main())
+
+
+def test_a_lone_realtime_session_is_admitted_on_a_slow_device(worlds):
+    """Refusing the only realtime session would leave the device idle: it plays below its fps."""
+
+    async def main():
+        async with running(worlds, realtime_headroom=0.0) as m:
+            meter = m.engine.engine.throughput
+            for _ in range(2):
+                meter.record("tiny", 1, 10.0)  # 0.1 chunks/s: far too slow for one session
+            first = await m.open(OpenParams(model="tiny"))
+            with pytest.raises(SessionBusy, match="capacity"):
+                await m.open(OpenParams(model="tiny"))
+            await m.close(first)
+            await m.open(OpenParams(model="tiny"))  # alone again
+
+    asyncio.run(main())
