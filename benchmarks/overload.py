@@ -227,6 +227,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "overload.json")
     args = parser.parse_args()
     extra = ["--max-sessions", str(args.sessions), "--max-connections", str(args.sessions + 8)]
+    extra += ["--max-connections-per-address", "0"]  # every client comes from 127.0.0.1
     extra += ["--max-batch", str(args.max_batch), *args.serve_arg]
     proc, addr = start_server(args.server_root, args.model, args.threads, extra)
     try:
