@@ -2,7 +2,9 @@
 
 Flow matching interpolates ``x_sigma = (1 - sigma) * x0 + sigma * noise``. A step list such as
 [1000, 750, 500, 250] is warped by the timestep shift, ``sigma = shift*s / (1 + (shift-1)*s)``
-with ``s = step / 1000``, exactly as Self-Forcing indexes its shifted scheduler. Each step
+with ``s = step / 1000``, exactly as Self-Forcing indexes its shifted scheduler: read from the
+same float32 table (`_warp_table`), so a warped step such as 666 at shift 5 is the originals'
+908.8427124 and not the float64 formula's 908.8427948. Each step
 predicts x0, then moves to the next sigma in one of two ways (`FlowSchedule.sampler`):
 
 * ``renoise``: fresh noise around the clean estimate (Self-Forcing / DMD). Right for a few-step
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 import torch
@@ -42,9 +45,22 @@ class FlowSchedule:
             raise ValueError(f"sampler must be 'renoise' or 'euler', not {self.sampler!r}")
 
     def sigma(self, step: float) -> float:
-        """Shifted noise level in [0, 1] of a raw step value."""
-        s = step / self.num_train
-        return self.shift * s / (1 + (self.shift - 1) * s)
+        """Shifted noise level in [0, 1] of a raw step value, in float32 arithmetic as the
+        originals compute it (an integral step reads their table)."""
+        return self._warped(step)[0]
+
+    def timestep(self, step: float) -> float:
+        """Model-input timestep (sigma * num_train, in float32) of a raw step value."""
+        return self._warped(step)[1]
+
+    def _warped(self, step: float) -> tuple[float, float]:
+        if float(step).is_integer() and 0 <= step <= self.num_train:
+            sigmas, timesteps = _warp_table(self.shift, self.num_train)
+            i = self.num_train - int(step)
+            return float(sigmas[i]), float(timesteps[i])
+        s = torch.tensor(step / self.num_train, dtype=torch.float32)
+        sigma = self.shift * s / (1 + (self.shift - 1) * s)
+        return float(sigma), float(sigma * self.num_train)
 
     @property
     def sigmas(self) -> list[float]:
@@ -54,7 +70,7 @@ class FlowSchedule:
     @property
     def timesteps(self) -> list[float]:
         """Model-input timestep of each step (sigma * num_train)."""
-        return [sg * self.num_train for sg in self.sigmas]
+        return [self.timestep(s) for s in self.steps]
 
     def to_x0(self, pred: torch.Tensor, x_t: torch.Tensor, sigma: float) -> torch.Tensor:
         """Clean estimate from a model prediction at noise level sigma."""
@@ -75,6 +91,19 @@ class FlowSchedule:
         if self.sampler == "euler":
             return x0 + (sigma_next / sigma) * (x_t - x0)
         return add_noise(x0, noise(), sigma_next)
+
+
+@lru_cache(maxsize=16)
+def _warp_table(shift: float, num_train: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The originals' shifted scheduler as float32 tables indexed by ``num_train - step``: sigmas
+    on ``linspace(1, 0, num_train + 1)[:-1]``, warped, times ``num_train`` for the timesteps,
+    with a trailing 0 for step 0 (Self-Forcing's ``FlowMatchScheduler(extra_one_step=True)`` and
+    its ``warp_denoising_step``; Matrix-Game 2.0 uses the same code)."""
+    s = torch.linspace(1.0, 0.0, num_train + 1, dtype=torch.float32)[:-1]
+    sigmas = shift * s / (1 + (shift - 1) * s)
+    timesteps = sigmas * num_train
+    zero = torch.zeros(1, dtype=torch.float32)
+    return torch.cat([sigmas, zero]), torch.cat([timesteps, zero])
 
 
 def add_noise(x0: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:

@@ -13,11 +13,16 @@ thread and hands results to asyncio as futures, so the event loop never runs a m
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import itertools
 import logging
+import os
 import queue
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -47,6 +52,9 @@ from runtime.transaction import Stream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# At interpreter exit, how long an engine thread nobody stopped gets to leave its model call.
+EXIT_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -409,7 +417,10 @@ class EngineThread:
         self._calls: set[asyncio.Future] = set()  # control calls not yet run
         self._flock = threading.Lock()
         self._running = False
+        self._stop_requested = False
         self._dead: BaseException | None = None
+        # A daemon, so a model call that never ends cannot hold the process; `_guard_exit` makes
+        # sure the interpreter never finalizes while it is inside one.
         self._thread = threading.Thread(target=self._run, name="worldserve-engine", daemon=True)
 
     @property
@@ -417,17 +428,58 @@ class EngineThread:
         """True once the engine thread has died."""
         return self._dead is not None
 
+    @property
+    def alive(self) -> bool:
+        """True while the worker thread runs (after `stop`: still inside a model call)."""
+        return self._thread.is_alive()
+
     def start(self) -> None:
         """Start the worker thread."""
         self._running = True
         self._thread.start()
+        _STARTED.add(self)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop after the current step; pending futures fail with EngineDeadError."""
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Abort every outstanding chunk (a running one stops at its next denoising boundary),
+        let the thread finish its step and join it for up to `timeout` s; pending futures fail
+        with EngineDeadError. False when the thread is still running after that (inside one model
+        call longer than `timeout`); the process then leaves without waiting for it at exit
+        (`_guard_exit`)."""
+        self._stop_requested = True
         self._running = False
-        self._put(lambda: None)
+        with self._flock:
+            ids = list(self._futures)
+        self.engine.abort(ids)
+        with contextlib.suppress(CapacityError):  # a full queue wakes the thread as well
+            self._put(lambda: None)
         self._thread.join(timeout)
         self._fail_all(EngineDeadError("engine stopped"))
+        if self._thread.is_alive():
+            log.warning("= engine thread still inside a model call %.1f s after stop", timeout)
+            return False
+        return True
+
+    def _guard_exit(self) -> None:
+        """At interpreter exit. A daemon thread still inside torch when the interpreter
+        finalizes kills the process ("terminate called without an active exception", SIGABRT),
+        so stop the thread first (bounded: EXIT_GRACE_S if nobody stopped it yet) and, if it is
+        still inside a model call, leave at once: status 0 after a requested stop (the process's
+        work is done; the chunk it cuts was aborted), 1 when nobody stopped the engine."""
+        if not self._thread.is_alive():
+            return
+        requested = self._stop_requested
+        if not requested and self.stop(EXIT_GRACE_S):
+            return
+        status = 0 if requested else 1
+        log.warning(
+            "= engine thread still inside a model call at exit; leaving now without waiting for "
+            "it (exit status %d)",
+            status,
+        )
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
 
     def _put(self, fn: Callable[[], None]) -> None:
         try:
@@ -546,6 +598,15 @@ class EngineThread:
         for fut in futs:
             if not self.loop.is_closed():
                 self.loop.call_soon_threadsafe(_set_exception, fut, exc)
+
+
+_STARTED: weakref.WeakSet[EngineThread] = weakref.WeakSet()  # a running thread keeps its own alive
+
+
+@atexit.register  # registered after logging's, so it runs before logging shuts down
+def _guard_engine_threads() -> None:
+    for et in list(_STARTED):
+        et._guard_exit()
 
 
 def _set_result(fut: asyncio.Future, value: Any) -> None:

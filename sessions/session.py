@@ -91,16 +91,17 @@ class _Pending:
     kind: Literal["realtime", "step"]
     seq: int | None  # client seq of the step (lockstep) or None
     source: ChunkSource | None  # realtime action source (knows the action seq applied)
-    epoch: int  # the session's reset count when submitted; older epochs' chunks are ignored
 
 
 @dataclass
 class _CancelWait:
-    """A `cancel` waiting for the chunks that were outstanding when it came."""
+    """A `cancel` (or the cancel a `reset` makes) waiting for the chunks that were outstanding
+    when it came."""
 
-    seq: int  # the cancel's seq
+    seq: int  # the cancel's (or reset's) seq
     waiting: set[int]  # request ids not yet resolved
     first: int | None = None  # the smallest chunk number cancelled so far
+    answered: asyncio.Future[None] | None = None  # set once its `cancelled` went out (reset waits on it)
 
 
 @dataclass
@@ -144,7 +145,7 @@ class Session:
         self.frame: np.ndarray | None = None  # (H, W, 3) uint8 latest committed frame (start frame first)
         self._chunk_base = 0  # session chunk = base + engine chunk (resets restart the engine count)
         self._frame_base = 0
-        self._epoch = 0
+        self._resetting = False  # a reset is between its cancel and its `ready`: nothing new starts
         self._pending: dict[int, _Pending] = {}
         self._cancels: list[_CancelWait] = []  # cancels waiting for their chunks to resolve
         # Unacked chunks kept for a resume. Realtime never has more than max_ahead unacked; in
@@ -205,10 +206,15 @@ class Session:
         self._set_status(SessionStatus.DETACHED)
 
     def finish(self, status: SessionStatus) -> None:
-        """Mark finished (the manager frees the engine stream) and tell the client why."""
+        """Mark finished (the manager frees the engine stream) and tell the client why. `closed`
+        answers every outstanding chunk (none commits for the client after it); a cancel or reset
+        still waiting for its chunks first gets its `cancelled`: nothing after the last commit."""
         if self.status.is_finished:
             return
         self._set_status(status)
+        for wait in self._cancels:
+            self._answer(wait, self.last_chunk + 1)
+        self._cancels.clear()
         self._emit(ClosedEvent(FINISHED_REASON[status]))
         self._sink = None
         if self.on_finished is not None:
@@ -251,6 +257,8 @@ class Session:
             )
         for a in actions:
             self._validate(a)
+        if self._resetting:  # only another connection that resumed the session can get here
+            raise RateLimited("a reset is in progress; send the step after its `ready`")
         if sum(p.kind == "step" for p in self._pending.values()) >= MAX_STEPS_QUEUED:
             raise RateLimited(f"{MAX_STEPS_QUEUED} steps already outstanding")
         self._submit("step", seq=seq, actions=list(actions))
@@ -280,20 +288,43 @@ class Session:
     def cancel(self, seq: int) -> None:
         """Abort every chunk in flight or queued; answered by `cancelled` once they rolled back."""
         self._check_live()
-        if self._et.cancel_stream(self.id) == 0:
+        self._et.cancel_stream(self.id)
+        # `_pending`, not what the engine still holds: an outcome already on its way (a commit
+        # too) is waited for, so `cancelled` never names a chunk whose frames come after it.
+        if not self._pending:
             self._emit(CancelledEvent(seq, self.last_chunk + 1))
         else:
             self._cancels.append(_CancelWait(seq, set(self._pending)))
 
     async def reset(self, seq: int, cond: Conditioning) -> None:
-        """A fresh world in this session. Answered by `ready` naming the last old chunk."""
+        """A fresh world in this session. Answered by `ready` naming the last old chunk; chunks
+        outstanding when it came are cancelled first, exactly as a `cancel` with the reset's seq:
+        their `frames` (chunks that committed before the cancel took), then one `cancelled`, then
+        `ready`. If the new world cannot be built the old one stays (no `ready`), and the
+        cancel still happens."""
         self._check_live()
-        self._epoch += 1
+        wait: _CancelWait | None = None
         self._et.cancel_stream(self.id)
+        if self._pending:  # as `cancel` counts them
+            loop = asyncio.get_running_loop()
+            wait = _CancelWait(seq, set(self._pending), answered=loop.create_future())
+            self._cancels.append(wait)
+        self._resetting = True
         try:
-            info = await self._et.call(_reset, self._et, self.id, cond)
-        except (StreamNotFound, EngineDeadError) as exc:
-            raise SessionFailed(f"reset failed: {exc}") from exc
+            try:
+                info = await self._et.call(_reset, self._et, self.id, cond)
+            except (StreamNotFound, EngineDeadError) as exc:
+                if self.status.is_finished:
+                    return  # the session ended meanwhile: `closed` answered the reset
+                raise SessionFailed(f"reset failed: {exc}") from exc
+            if wait is not None:
+                # The old world's outcomes, numbered in it; the last may come with the engine's
+                # next step. The session finishing answers the wait too.
+                await wait.answered
+        finally:
+            self._resetting = False
+        if self.status.is_finished:
+            return  # `closed` went out instead of `ready`
         self.cond = cond
         self.frame = info.frame
         self._chunk_base = self.last_chunk
@@ -302,9 +333,6 @@ class Session:
         self.acked = self.last_chunk
         self._retained.clear()
         self.buffer.clear()
-        for wait in self._cancels:
-            self._emit(CancelledEvent(wait.seq, self.last_chunk + 1))
-        self._cancels.clear()
         self._emit(ReadyEvent(self.last_chunk, self.frame))
         self._pump()
 
@@ -312,7 +340,12 @@ class Session:
 
     def _pump(self) -> None:
         """Keep realtime chunks coming while allowed."""
-        if self.mode != "realtime" or self.status is not SessionStatus.ACTIVE or self.paused:
+        if (
+            self.mode != "realtime"
+            or self.status is not SessionStatus.ACTIVE
+            or self.paused
+            or self._resetting
+        ):
             return
         while (
             len(self._pending) < PIPELINE
@@ -336,7 +369,7 @@ class Session:
         except EngineDeadError as exc:
             self.finish(SessionStatus.FAILED)
             raise SessionFailed(str(exc)) from exc
-        self._pending[rid] = _Pending(kind, seq, source, self._epoch)
+        self._pending[rid] = _Pending(kind, seq, source)
         fut.add_done_callback(lambda f, rid=rid: self._on_outcome(rid, f))
 
     def _on_outcome(self, rid: int, fut: asyncio.Future[Outcome]) -> None:
@@ -355,11 +388,11 @@ class Session:
             outcome = None
         except StreamNotFound:
             outcome = None  # the session closed while the chunk was queued
-        current = not self.status.is_finished and entry.epoch == self._epoch
-        if outcome is not None and current:
+        if self.status.is_finished:
+            return  # `closed` answered it
+        if outcome is not None:
             self._handle(outcome, entry)
-        if current:
-            self._resolve_cancels(rid, outcome)
+        self._resolve_cancels(rid, outcome)
         self._pump()
 
     def _resolve_cancels(self, rid: int, outcome: Outcome | None) -> None:
@@ -376,7 +409,12 @@ class Session:
                 wait.first = chunk if wait.first is None else min(wait.first, chunk)
             if not wait.waiting:
                 self._cancels.remove(wait)
-                self._emit(CancelledEvent(wait.seq, wait.first or self.last_chunk + 1))
+                self._answer(wait, wait.first or self.last_chunk + 1)
+
+    def _answer(self, wait: _CancelWait, chunk: int) -> None:
+        self._emit(CancelledEvent(wait.seq, chunk))
+        if wait.answered is not None and not wait.answered.done():
+            wait.answered.set_result(None)
 
     def _handle(self, outcome: Outcome, entry: _Pending) -> None:
         if isinstance(outcome, ChunkCommitted):

@@ -140,3 +140,88 @@ def test_torch_threads_are_the_engine_threads_own(world):
             EngineThread(Engine({"tiny": world}), loop, threads=0)
     finally:
         loop.close()
+
+
+def test_stop_aborts_the_running_chunk_at_its_next_boundary(world):
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+
+    def hook(stream_id: str, name: str) -> None:
+        if name == "denoise:1":
+            inside.set()
+            release.wait(10)
+
+    async def main():
+        engine = Engine({"tiny": world}, boundary_hook=hook)
+        et = EngineThread(engine, asyncio.get_running_loop())
+        et.start()
+        await et.call(engine.add_stream, "s", "tiny", Conditioning(seed=1))
+        rid = engine.new_request_id()
+        fut = et.submit(ChunkRequest("s", rid))
+        await asyncio.to_thread(inside.wait, 10)
+        stopping = asyncio.get_running_loop().run_in_executor(None, et.stop, 30.0)
+        while not engine.is_aborted(rid) and not stopping.done():  # stop's first act
+            await asyncio.sleep(0.01)
+        release.set()
+        assert await stopping and not et.alive
+        out = await fut  # the step it was in ends, and hands its outcome over
+        assert isinstance(out, ChunkCancelled) and out.started
+        assert engine.info("s").chunks == 0  # rolled back at denoise:2, not run to its commit
+
+    run(main())
+
+
+# A chunk whose denoise never leaves torch (one forward longer than any stop timeout); the
+# script prints "inside" once the engine thread is in it, then ends as `how` says.
+_INSIDE_TORCH = """
+import asyncio, sys, threading, torch
+from models.world import Conditioning
+from runtime import engine as E
+from runtime.requests import ChunkRequest
+from tests.runtime.conftest import small_world
+
+how = sys.argv[1]
+E.EXIT_GRACE_S = 0.5
+world, inside = small_world(), threading.Event()
+a = torch.randn(1500, 1500)
+
+def endless(*args, **kwargs):
+    inside.set()
+    while True:
+        a @ a
+
+world.denoise = endless
+
+async def main():
+    engine = E.Engine({"tiny": world})
+    et = E.EngineThread(engine, asyncio.get_running_loop())
+    et.start()
+    await et.call(engine.add_stream, "s", "tiny", Conditioning(seed=1))
+    et.submit(ChunkRequest("s", engine.new_request_id()))
+    await asyncio.to_thread(inside.wait, 60)
+    print("inside", flush=True)
+    if how == "stopped":
+        assert not et.stop(0.2)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("how, status", [("stopped", 0), ("never stopped", 1)])
+def test_exiting_while_the_engine_is_inside_a_model_call_does_not_crash(how, status):
+    """Interpreter exit with a daemon thread inside torch aborts the process ("terminate called
+    without an active exception", -6): the engine thread's exit guard leaves first, saying so."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    script = [sys.executable, "-c", _INSIDE_TORCH, how]
+    done = subprocess.run(script, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "inside", done.stderr
+    assert "terminate called" not in done.stderr
+    assert done.returncode == status, done.stderr
+    assert f"leaving now without waiting for it (exit status {status})" in done.stderr

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from runtime.engine import Engine, EngineThread
+from runtime.runner import BoundaryHook
 from sessions.events import SessionEvent
 from sessions.manager import SessionManager
 from tests.runtime.conftest import small_world
@@ -20,9 +21,12 @@ def worlds():
 
 
 @contextlib.asynccontextmanager
-async def running(worlds, **kw) -> AsyncIterator[SessionManager]:
-    engine = Engine(worlds, max_batch=4)
-    et = EngineThread(engine, asyncio.get_running_loop())
+async def running(
+    worlds, thread: type[EngineThread] = EngineThread, hook: BoundaryHook | None = None, **kw
+) -> AsyncIterator[SessionManager]:
+    """A started engine thread (of class `thread`, its engine with boundary `hook`) and a manager."""
+    engine = Engine(worlds, max_batch=4, boundary_hook=hook)
+    et = thread(engine, asyncio.get_running_loop())
     et.start()
     manager = SessionManager(et, default_model="tiny", **kw)
     try:
