@@ -8,8 +8,9 @@ included, stays within `1 - headroom`. Before a world has a measured rate, its s
 admitted and claim nothing. A realtime session with no other realtime session beside it is always
 admitted (the manager does not ask): on a device slower than its fps it plays as fast as the
 device can, and refusing it would only leave the device idle. Lockstep sessions are paced by
-their clients: they are never refused here, and their turns come from the scheduler's fair order (so a device saturated by
-lockstep clients gives realtime sessions fewer frames than they ask for).
+their clients: they are never refused here, and their turns come from the scheduler's fair
+order (so a device saturated by lockstep clients gives realtime sessions fewer frames than they
+ask for).
 """
 
 from __future__ import annotations
