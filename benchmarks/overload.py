@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.serving import report
+from benchmarks.serving import report, start_server
 from web import codec as wire
 from web import messages as m
 
@@ -58,19 +58,6 @@ class Client:
     arrived: list[float] = field(default_factory=list)  # perf_counter() when each chunk came
     queue_ms: list[float] = field(default_factory=list)  # frames.timings.queue of each chunk
     errors: list[str] = field(default_factory=list)
-
-
-def start_server(root: Path, model: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen[str], str]:
-    """`worldserve serve` from checkout `root` on a free loopback port; returns it and host:port."""
-    cmd = [sys.executable, "-m", "web.cli", "serve", "--model", model, "--port", "0"]
-    cmd += ["--threads", str(threads), *extra]
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, text=True, env=_env(root))
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # "worldserve: serving M; open http://HOST:PORT"
-    if "open " not in line:
-        proc.kill()
-        raise RuntimeError(f"server did not start: {line!r}")
-    return proc, line.split("open ")[1].split()[0].removeprefix("http://")
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -229,7 +216,9 @@ def main() -> None:
     extra = ["--max-sessions", str(args.sessions), "--max-connections", str(args.sessions + 8)]
     extra += ["--max-connections-per-address", "0"]  # every client comes from 127.0.0.1
     extra += ["--max-batch", str(args.max_batch), *args.serve_arg]
-    proc, addr = start_server(args.server_root, args.model, args.threads, extra)
+    proc, addr = start_server(
+        args.model, args.threads, *extra, root=args.server_root, env=_env(args.server_root)
+    )
     try:
         result = asyncio.run(run(args, addr))
     finally:

@@ -27,13 +27,17 @@ def report(out: Path, benchmark: str, **fields: object) -> None:
     print(json.dumps(result, indent=2))
 
 
-def start_server(model: str, threads: int, *extra: str) -> tuple[subprocess.Popen[str], str]:
+def start_server(
+    model: str, threads: int, *extra: str, root: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
     """A server on a free loopback port for `model`; returns the process and its host:port.
-    `extra` are more `serve` arguments (e.g. "--max-batch", "8")."""
+    `extra` are more `serve` arguments (e.g. "--max-batch", "8"); `root`: the checkout whose code
+    serves (default: this one; another one for a before/after run), `env`: the server's
+    environment (default: this process's)."""
     cmd = [sys.executable, "-m", "web.cli", "serve", "--model", model, "--port", "0"]
     cmd += ["--threads", str(threads), *extra]
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, text=True)
+    root = root or Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "worldserve: serving M; open http://HOST:PORT"
     if "open " not in line:
