@@ -8,7 +8,7 @@ transaction commit -> FramesEvent back on the event loop. Both run the same chun
 world; measurements alternate in blocks so background load hits both alike.
 
 Also reports KV bytes per session: the formula, the measured buffer size, and the formula at
-the full-size Wan2.1-1.3B shapes of Self-Forcing and Matrix-Game 2.0 (shared/ANCHORS.md).
+the full-size Wan2.1-1.3B shapes of Self-Forcing and Matrix-Game 2.0 (their published configs).
 
     python benchmarks/engine_overhead.py [--model tiny-random] [--chunks 24] [--rounds 5]
 """

@@ -49,7 +49,7 @@ from runtime.engine import Engine
 from runtime.kv_cache import KVLayout
 from runtime.requests import ChunkCommitted, ChunkRequest
 
-PUBLISHED_FPS = {"mg": 25.0, "sf": 17.0}  # one H100 (shared/ANCHORS.md)
+PUBLISHED_FPS = {"mg": 25.0, "sf": 17.0}  # one H100, as the Self-Forcing and Matrix-Game 2.0 papers report
 MODES = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}
 
 
