@@ -363,7 +363,7 @@ def load_world(
             "which this server cannot run yet (see docs/MODELS.md)"
         )
     if meta.get("family") == "matrix-game-2":
-        from models.mg_world import load_matrix_game  # imports this module's load_state
+        from models.matrix_game.loader import load_matrix_game  # imports this module's load_state
 
         return load_matrix_game(root, meta, device, dtype)
     tcfg = meta.get("transformer")

@@ -18,10 +18,10 @@ import torch
 from diffusers import AutoencoderKLWan
 
 from models.causal_wan import CausalWan, CausalWanConfig
-from models.clip_vision import CLIPVision, CLIPVisionConfig
 from models.convert import matrix_game
 from models.convert.output import served_world
-from models.i2v import ImageConditioner
+from models.matrix_game.clip_vision import CLIPVision, CLIPVisionConfig
+from models.matrix_game.image import ImageConditioner
 from models.vae import WanStreamingVAE
 from models.world import World, WorldConfig
 
