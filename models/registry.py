@@ -4,15 +4,13 @@ A model directory has diffusers' layout plus one file of serving settings::
 
     DIR/worldserve.json                      {"world": WorldConfig, "transformer": CausalWanConfig,
                                               "decoder": {"kind": "wan" | "fast" | "taehv"},  (default wan)
-                                              "start_image": {"kind": "game", "size": 64}} (optional)
+                                              "start_image": {"kind": ..., ...}} (optional)
     DIR/transformer/diffusion_pytorch_model.safetensors
     DIR/vae/config.json                      AutoencoderKLWan config, or FastAEConfig for "fast"
     DIR/vae/diffusion_pytorch_model.safetensors
-    DIR/gate/key_gate.safetensors            optional: a learned key gate (models/key_gate.py),
-                                             its KeyGateConfig in worldserve.json "gate"
-    DIR/terrain/terrain_prior.safetensors    optional: a learned terrain prior for worlds with an
-                                             atlas (models/terrain_prior.py), its
-                                             TerrainPriorConfig in worldserve.json "terrain"
+    DIR/<part>/...                           optional: a registered part's weights, its config in
+                                             worldserve.json under the part's name (the tiny
+                                             world's "gate" and "terrain": models/tiny_world/loader.py)
 
 `transformer/config.json` is accepted too when worldserve.json has no "transformer" entry,
 so a plain diffusers Wan checkpoint loads with only a small worldserve.json beside it.
@@ -28,22 +26,30 @@ The decoder kind picks the autoencoder class: diffusers' `AutoencoderKLWan` behi
 `with_decoder(world, "taehv:PATH")` swaps a loaded world's decoder for TAEHV weights in a local
 file, e.g. madebyollin/taehv's taew2_1.safetensors (`worldserve --decoder taehv:PATH`).
 A "start_image" entry gives image-started worlds a seed -> frame function, so sessions need not
-send `open.image` ("game": the built-in simulator's first frame for the seed; "file": one image
-file, `{"kind": "file", "path": "start.png"}` relative to DIR, the same frame for every seed).
+send `open.image` ("file": one image file, `{"kind": "file", "path": "start.png"}` relative to
+DIR, the same frame for every seed; families register more kinds, e.g. the tiny world's "game").
 Converted directories (models/convert/output.py) list in "requires" what serving them needs; a
 directory needing anything outside `SUPPORTED_REQUIREMENTS` is refused, and "text_prompts" marks
 the world as taking prompts (`WorldConfig.text_prompts`; resolved by `World.prompts`).
 
-Registered names: `tiny-random` (seeded random weights, for tests) and `tiny-world` (the shipped
-world of models/tiny_world/, the default).
+Names, directory families, start-image kinds and directory parts are registered, not imported:
+`register(name, loader, kind)` fills one table per kind, and the families listed (as module
+names) in `models.families` register themselves when first imported, which the lookups here
+trigger through importlib, so this module has no import edge to any family. Built in here:
+the name `tiny-random` (seeded random weights, for tests) and the start-image kind "file";
+`tiny-world` (the default), its "game" start image and its "gate" / "terrain" parts come from
+models/tiny_world/loader.py, the "matrix-game-2" family from models/matrix_game/loader.py.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -52,24 +58,35 @@ from safetensors.torch import load_file, save_file
 
 from models.causal_wan import ActionConfig, CausalWan, CausalWanConfig
 from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
-from models.key_gate import KeyGate, KeyGateConfig
 from models.names import DEFAULT_MODEL as DEFAULT_MODEL  # re-exported: the registry's default
 from models.sampler import FlowSchedule
 from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
-from models.terrain_prior import TerrainPrior, TerrainPriorConfig
-from models.tiny_world import WEIGHTS_DIR as TINY_WORLD_DIR
-from models.tiny_world import start_image as game_start_image
 from models.vae import StreamingDecoder, WanStreamingVAE
 from models.world import World, WorldConfig
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
-GATE_WEIGHTS = "gate/key_gate.safetensors"  # a world's key gate, relative to its directory
-TERRAIN_WEIGHTS = "terrain/terrain_prior.safetensors"  # a world's terrain prior, likewise
 # diffusers' own loader drops these keys (Wan I2V leftovers); so do we.
 IGNORED_KEYS = ("norm_added_q",)
 DECODER_KINDS = ("wan", "fast", "taehv")  # worldserve.json "decoder.kind" values
 TAEHV_DEFAULT = "taew2_1"  # the TAEHV config of a taehv entry without one, and of `--decoder taehv:PATH`
-START_IMAGE_KINDS = ("game", "file")  # worldserve.json "start_image.kind" values
+
+# What `register` takes: "world", a name's builder(device, dtype) -> World; "family", the loader
+# (root, meta, device, dtype) -> World of directories whose worldserve.json "family" is the name;
+# "start_image", a factory (spec, root) -> seed -> frame for a "start_image.kind"; "part", a `Part`
+# for a worldserve.json entry a family adds to its directories.
+Kind = Literal["world", "family", "start_image", "part"]
+KINDS: tuple[Kind, ...] = ("world", "family", "start_image", "part")
+
+
+@dataclass(frozen=True)
+class Part:
+    """A worldserve.json entry with its own weights (e.g. a family's extra module).
+
+    `load(world, config, root)` attaches it to a loaded world (`config` is the entry);
+    `save(world, root)` writes it beside a saved world when the world has one."""
+
+    load: Callable[[World, dict, Path], None]
+    save: Callable[[World, Path], None]
 
 
 class UnknownModelError(KeyError):
@@ -142,16 +159,19 @@ def start_image_fn(spec: dict | None, root: Path | None = None) -> Callable[[int
     if spec is None:
         return None
     kind = spec.get("kind")
-    if kind not in START_IMAGE_KINDS:
-        raise ValueError(f"unknown start_image kind {kind!r}; known: {list(START_IMAGE_KINDS)}")
-    if kind == "file":
-        from PIL import Image
+    kinds = registered("start_image")
+    if kind not in kinds:
+        raise ValueError(f"unknown start_image kind {kind!r}; known: {sorted(kinds)}")
+    return kinds[kind](spec, root or Path("."))
 
-        with Image.open((root or Path(".")) / spec["path"]) as img:  # read once, at load
-            frame = np.asarray(img.convert("RGB"), dtype=np.uint8)
-        return lambda seed: frame
-    size = int(spec.get("size", 64))
-    return lambda seed: game_start_image(seed, size)
+
+def file_start_image(spec: dict, root: Path) -> Callable[[int], np.ndarray]:
+    """The "file" start image: one image file, relative to the model directory, for every seed."""
+    from PIL import Image
+
+    with Image.open(root / spec["path"]) as img:  # read once, at load
+        frame = np.asarray(img.convert("RGB"), dtype=np.uint8)
+    return lambda seed: frame
 
 
 def build_decoder(
@@ -319,24 +339,13 @@ def save_world(
         str(root / "transformer" / WEIGHTS),
     )
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(root / "vae" / WEIGHTS))
-    if world.gate is not None:
-        save_gate(world.gate, root)
-    if world.terrain is not None:
-        save_terrain(world.terrain, root)
+    for part in registered("part").values():
+        part.save(world, root)
 
 
-def save_gate(gate: KeyGate, path: str | Path) -> None:
-    """Write a key gate into a model directory: its weights, and its config as worldserve.json's
-    "gate" entry (the rest of the directory is left as it is)."""
-    _save_part(gate, gate.cfg.to_dict(), "gate", GATE_WEIGHTS, path)
-
-
-def save_terrain(prior: TerrainPrior, path: str | Path) -> None:
-    """Write a terrain prior into a model directory, as `save_gate` a gate ("terrain" entry)."""
-    _save_part(prior, prior.cfg.to_dict(), "terrain", TERRAIN_WEIGHTS, path)
-
-
-def _save_part(module: torch.nn.Module, config: dict, entry: str, weights: str, path: str | Path) -> None:
+def save_part(module: torch.nn.Module, config: dict, entry: str, weights: str, path: str | Path) -> None:
+    """Write a part's weights into a model directory at `weights` (relative to it) and its config
+    as worldserve.json's `entry` (the rest of the directory is left as it is)."""
     root = Path(path)
     meta_path = root / "worldserve.json"
     meta = json.loads(meta_path.read_text())
@@ -362,10 +371,10 @@ def load_world(
             f"{root}: this {meta.get('family', 'model')} directory needs {', '.join(missing)}, "
             "which this server cannot run yet (see docs/MODELS.md)"
         )
-    if meta.get("family") == "matrix-game-2":
-        from models.matrix_game.loader import load_matrix_game  # imports this module's load_state
-
-        return load_matrix_game(root, meta, device, dtype)
+    family = meta.get("family")
+    families = registered("family")
+    if family in families:
+        return families[family](root, meta, device, dtype)
     tcfg = meta.get("transformer")
     if tcfg is None:
         tcfg = json.loads((root / "transformer" / "config.json").read_text()) | meta.get("rollout", {})
@@ -392,14 +401,9 @@ def load_world(
     )
     load_state(world.transformer, root / "transformer" / WEIGHTS)
     load_state(decoder_module(world.decoder), weights)
-    if "gate" in meta:
-        gate = KeyGate(KeyGateConfig.from_dict(meta["gate"]))
-        load_state(gate, root / GATE_WEIGHTS)
-        world.set_gate(gate)
-    if "terrain" in meta:
-        prior = TerrainPrior(TerrainPriorConfig.from_dict(meta["terrain"]))
-        load_state(prior, root / TERRAIN_WEIGHTS)
-        world.set_terrain(prior)
+    for entry, part in registered("part").items():
+        if entry in meta:
+            part.load(world, meta[entry], root)
     if wcfg.atlas_tiles and not world.remembers:
         raise ValueError(f"{root}: atlas_tiles needs a key gate that plans the view's motion (gate.view)")
     if torch.device(device) == torch.device("cpu") and dtype == torch.float32:
@@ -421,15 +425,36 @@ def _tiny_random(device: torch.device | str, dtype: torch.dtype) -> World:
     return build_world(*tiny_random_configs(), seed=0, device=device, dtype=dtype)
 
 
-def _tiny_world(device: torch.device | str, dtype: torch.dtype) -> World:
-    return load_world(TINY_WORLD_DIR, device, dtype)
-
-
-# name -> builder(device, dtype). Directory-backed entries are added by the packages that ship them.
-REGISTRY: dict[str, Callable[[torch.device | str, torch.dtype], World]] = {
-    "tiny-random": _tiny_random,
-    "tiny-world": _tiny_world,
+# kind -> name -> loader (see `Kind`). Families add theirs through `register`.
+_TABLES: dict[Kind, dict[str, Any]] = {
+    "world": {"tiny-random": _tiny_random},
+    "family": {},
+    "start_image": {"file": file_start_image},
+    "part": {},
 }
+_families_loaded = False
+
+
+def register(name: str, loader: Any, kind: Kind = "world") -> None:
+    """Register `loader` under `name` in the `kind` table; a name registers once per kind."""
+    if kind not in _TABLES:
+        raise ValueError(f"unknown registry kind {kind!r}; known: {list(KINDS)}")
+    table = _TABLES[kind]
+    if name in table and table[name] is not loader:
+        raise ValueError(f"{kind} {name!r} is already registered")
+    table[name] = loader
+
+
+def registered(kind: Kind) -> dict[str, Any]:
+    """The `kind` table, after every family in `models.families.FAMILIES` has registered."""
+    global _families_loaded
+    if not _families_loaded:
+        from models.families import FAMILIES  # module names only: no family is imported here
+
+        _families_loaded = True  # set first: a family's own import may look a table up
+        for module in FAMILIES:
+            importlib.import_module(module)
+    return _TABLES[kind]
 
 
 def from_name(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> World:
@@ -438,8 +463,9 @@ def from_name(name: str, device: torch.device | str = "cpu", dtype: torch.dtype 
     A name that is neither raises `UnknownModelError`, except one written as a path (it has a
     separator, or starts with . or ~), which raises FileNotFoundError: it says the path is missing
     rather than that no world has that name."""
-    if name in REGISTRY:
-        return REGISTRY[name](device, dtype)
+    worlds = registered("world")
+    if name in worlds:
+        return worlds[name](device, dtype)
     path = Path(name).expanduser()
     if path.is_dir():
         return load_world(path, device, dtype)
@@ -447,8 +473,8 @@ def from_name(name: str, device: torch.device | str = "cpu", dtype: torch.dtype 
         raise FileNotFoundError(f"{name} is a file, not a model directory")
     if _looks_like_path(name):
         raise FileNotFoundError(f"model directory {name} does not exist")
-    registered = ", ".join(sorted(REGISTRY))
-    raise UnknownModelError(f"unknown model {name!r}; registered: {registered}, or a model directory")
+    names = ", ".join(sorted(worlds))
+    raise UnknownModelError(f"unknown model {name!r}; registered: {names}, or a model directory")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -458,4 +484,4 @@ def _looks_like_path(name: str) -> bool:
 
 def list_models() -> list[str]:
     """Registered model names."""
-    return sorted(REGISTRY)
+    return sorted(registered("world"))

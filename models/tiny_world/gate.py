@@ -302,7 +302,7 @@ def add_gate(model: Path, out: Path | None, work: Path | None, seed: int, progre
     """`main`: train a gate for `model` and write it there or into a copy at `out`. The episodes'
     latents live in `work` (kept, for another run to reuse) or in a scratch directory beside the
     output (removed)."""
-    from models.registry import save_gate
+    from models.tiny_world.loader import save_gate
     from models.tiny_world.train import TrainConfig, Trainer  # imports this module
 
     target = out or model
