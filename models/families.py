@@ -6,6 +6,6 @@ the list as strings keeps the registry free of any import edge to a family.
 """
 
 FAMILIES: tuple[str, ...] = (
-    "models.tiny_world.loader",  # `tiny-world` (the default), its "game" start image, gate and terrain
+    "models.tiny_world.loader",  # `tiny-world`, the default world
     "models.matrix_game.loader",  # converted Matrix-Game 2.0 directories ("family": "matrix-game-2")
 )

@@ -3,20 +3,19 @@
 A model directory has diffusers' layout plus one file of serving settings::
 
     DIR/worldserve.json                      {"world": WorldConfig, "transformer": CausalWanConfig,
-                                              "decoder": {"kind": "wan" | "fast" | "taehv"},  (default wan)
+                                              "decoder": {"kind": "wan" | "taehv" | ...},  (default wan)
                                               "start_image": {"kind": ..., ...}} (optional)
     DIR/transformer/diffusion_pytorch_model.safetensors
-    DIR/vae/config.json                      AutoencoderKLWan config, or FastAEConfig for "fast"
+    DIR/vae/config.json                      AutoencoderKLWan config, or a registered kind's config
     DIR/vae/diffusion_pytorch_model.safetensors
     DIR/<part>/...                           optional: a registered part's weights, its config in
-                                             worldserve.json under the part's name (the tiny
-                                             world's "gate" and "terrain": models/tiny_world/loader.py)
+                                             worldserve.json under the part's name
 
 `transformer/config.json` is accepted too when worldserve.json has no "transformer" entry,
 so a plain diffusers Wan checkpoint loads with only a small worldserve.json beside it.
 The decoder kind picks the autoencoder class: diffusers' `AutoencoderKLWan` behind
-`WanStreamingVAE`, our `FastAutoencoder` behind `FastStreamingDecoder`, or `TAEHV` behind
-`TAEHVDecoder`. A taehv entry reads no vae/config.json::
+`WanStreamingVAE`, `TAEHV` behind `TAEHVDecoder`, or a kind a family registers (`DecoderKind`).
+A taehv entry reads no vae/config.json::
 
     "decoder": {"kind": "taehv",
                 "config": "taew2_1" | TAEHVConfig dict,   (optional, default "taew2_1")
@@ -27,7 +26,7 @@ The decoder kind picks the autoencoder class: diffusers' `AutoencoderKLWan` behi
 file, e.g. madebyollin/taehv's taew2_1.safetensors (`worldserve --decoder taehv:PATH`).
 A "start_image" entry gives image-started worlds a seed -> frame function, so sessions need not
 send `open.image` ("file": one image file, `{"kind": "file", "path": "start.png"}` relative to
-DIR, the same frame for every seed; families register more kinds, e.g. the tiny world's "game").
+DIR, the same frame for every seed; families register more kinds).
 Converted directories (models/convert/output.py) list in "requires" what serving them needs; a
 directory needing anything outside `SUPPORTED_REQUIREMENTS` is refused, and "text_prompts" marks
 the world as taking prompts (`WorldConfig.text_prompts`; resolved by `World.prompts`).
@@ -36,9 +35,9 @@ Names, directory families, start-image kinds and directory parts are registered,
 `register(name, loader, kind)` fills one table per kind, and the families listed (as module
 names) in `models.families` register themselves when first imported, which the lookups here
 trigger through importlib, so this module has no import edge to any family. Built in here:
-the name `tiny-random` (seeded random weights, for tests) and the start-image kind "file";
-`tiny-world` (the default), its "game" start image and its "gate" / "terrain" parts come from
-models/tiny_world/loader.py, the "matrix-game-2" family from models/matrix_game/loader.py.
+the name `tiny-random` (seeded random weights, for tests), the decoder kinds "wan" and "taehv"
+and the start-image kind "file"; everything else (the default world among it) comes from the
+families' own loader modules.
 """
 
 from __future__ import annotations
@@ -57,7 +56,6 @@ from diffusers import AutoencoderKLWan
 from safetensors.torch import load_file, save_file
 
 from models.causal_wan import ActionConfig, CausalWan, CausalWanConfig
-from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
 from models.names import DEFAULT_MODEL as DEFAULT_MODEL  # re-exported: the registry's default
 from models.sampler import FlowSchedule
 from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
@@ -67,15 +65,16 @@ from models.world import World, WorldConfig
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 # diffusers' own loader drops these keys (Wan I2V leftovers); so do we.
 IGNORED_KEYS = ("norm_added_q",)
-DECODER_KINDS = ("wan", "fast", "taehv")  # worldserve.json "decoder.kind" values
+DECODER_KINDS = ("wan", "taehv")  # worldserve.json "decoder.kind" values built in; families add more
 TAEHV_DEFAULT = "taew2_1"  # the TAEHV config of a taehv entry without one, and of `--decoder taehv:PATH`
 
 # What `register` takes: "world", a name's builder(device, dtype) -> World; "family", the loader
 # (root, meta, device, dtype) -> World of directories whose worldserve.json "family" is the name;
 # "start_image", a factory (spec, root) -> seed -> frame for a "start_image.kind"; "part", a `Part`
 # for a worldserve.json entry a family adds to its directories.
-Kind = Literal["world", "family", "start_image", "part"]
-KINDS: tuple[Kind, ...] = ("world", "family", "start_image", "part")
+# "decoder", a `DecoderKind` for a worldserve.json "decoder.kind".
+Kind = Literal["world", "family", "start_image", "part", "decoder"]
+KINDS: tuple[Kind, ...] = ("world", "family", "start_image", "part", "decoder")
 
 
 @dataclass(frozen=True)
@@ -87,6 +86,20 @@ class Part:
 
     load: Callable[[World, dict, Path], None]
     save: Callable[[World, Path], None]
+
+
+@dataclass(frozen=True)
+class DecoderKind:
+    """A decoder kind a family adds (worldserve.json "decoder.kind").
+
+    `build(config)` is its autoencoder with random weights, from its vae/config.json dict or its
+    config object; `streaming` the `StreamingDecoder` class built around that module; `module`
+    the module inside such a decoder; `config(module)` the vae/config.json a saved world writes."""
+
+    build: Callable[[Any], torch.nn.Module]
+    streaming: type[StreamingDecoder]
+    module: Callable[[StreamingDecoder], torch.nn.Module]
+    config: Callable[[torch.nn.Module], dict]
 
 
 class UnknownModelError(KeyError):
@@ -175,31 +188,33 @@ def file_start_image(spec: dict, root: Path) -> Callable[[int], np.ndarray]:
 
 
 def build_decoder(
-    vae: dict | FastAEConfig | TAEHVConfig,
+    vae: Any,
     kind: str = "wan",
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> StreamingDecoder:
-    """A streaming decoder with random weights: Wan's VAE from its config dict, ours, or TAEHV."""
+    """A streaming decoder with random weights: Wan's VAE from its config dict, TAEHV from a
+    TAEHVConfig or its dict, or a registered kind from its config."""
     if kind == "wan":
         assert isinstance(vae, dict)
         autoencoder = AutoencoderKLWan(**vae).to(device=device)
         if dtype != torch.float32:
             autoencoder = autoencoder.to(dtype=dtype)
         return WanStreamingVAE(autoencoder)
-    if kind == "fast":
-        cfg = vae if isinstance(vae, FastAEConfig) else FastAEConfig.from_dict(vae)
-        return FastStreamingDecoder(FastAutoencoder(cfg).to(device=device, dtype=dtype))
     if kind == "taehv":
-        tcfg = vae if isinstance(vae, TAEHVConfig) else TAEHVConfig.from_dict(vae)  # type: ignore[arg-type]
+        tcfg = vae if isinstance(vae, TAEHVConfig) else TAEHVConfig.from_dict(vae)
         return TAEHVDecoder(TAEHV(tcfg).to(device=device, dtype=dtype))
-    raise ValueError(f"unknown decoder kind {kind!r}; known: {list(DECODER_KINDS)}")
+    kinds = registered("decoder")
+    if kind in kinds:
+        return kinds[kind].streaming(kinds[kind].build(vae).to(device=device, dtype=dtype))  # type: ignore[call-arg]
+    raise ValueError(f"unknown decoder kind {kind!r}; known: {[*DECODER_KINDS, *sorted(kinds)]}")
 
 
 def wrap_decoder(module: torch.nn.Module, kind: str) -> StreamingDecoder:
     """The streaming decoder of a decoder kind around its (loaded) module."""
-    if kind == "fast":
-        return FastStreamingDecoder(module)  # type: ignore[arg-type]
+    kinds = registered("decoder")
+    if kind in kinds:
+        return kinds[kind].streaming(module)  # type: ignore[call-arg]
     if kind == "taehv":
         return TAEHVDecoder(module)  # type: ignore[arg-type]
     return WanStreamingVAE(module)  # type: ignore[arg-type]
@@ -247,8 +262,9 @@ def with_decoder(world: World, spec: str) -> World:
 
 def decoder_module(decoder: StreamingDecoder) -> torch.nn.Module:
     """The nn.Module holding a streaming decoder's weights."""
-    if isinstance(decoder, FastStreamingDecoder):
-        return decoder.ae
+    for kind in registered("decoder").values():
+        if isinstance(decoder, kind.streaming):
+            return kind.module(decoder)
     if isinstance(decoder, WanStreamingVAE):
         return decoder.vae
     if isinstance(decoder, TAEHVDecoder):
@@ -260,13 +276,16 @@ def decoder_kind(decoder: StreamingDecoder) -> str:
     """The worldserve.json decoder kind of a streaming decoder."""
     if isinstance(decoder, TAEHVDecoder):
         return "taehv"
-    return "fast" if isinstance(decoder, FastStreamingDecoder) else "wan"
+    for name, kind in registered("decoder").items():
+        if isinstance(decoder, kind.streaming):
+            return name
+    return "wan"
 
 
 def build_world(
     world: WorldConfig,
     dit: CausalWanConfig,
-    vae: dict | FastAEConfig | TAEHVConfig,
+    vae: Any,
     seed: int | None = 0,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -275,8 +294,8 @@ def build_world(
 ) -> World:
     """Construct a world from configs; weights random from `seed` (None: leave torch's RNG alone).
 
-    `decoder` is the decoder kind ("wan": `vae` is an AutoencoderKLWan config; "fast": a
-    FastAEConfig or its dict; "taehv": a TAEHVConfig or its dict).
+    `decoder` is the decoder kind ("wan": `vae` is an AutoencoderKLWan config; "taehv": a
+    TAEHVConfig or its dict; a registered kind: its config object or dict).
     """
     if seed is not None:
         torch.manual_seed(seed)
@@ -309,8 +328,8 @@ def save_world(
 ) -> None:
     """Write a world as a model directory (see the module docstring).
 
-    `vae_config` is the AutoencoderKLWan config of a Wan-decoder world (a fast decoder writes its
-    own); `start_image` is the worldserve.json "start_image" entry, if any.
+    `vae_config` is the AutoencoderKLWan config of a Wan-decoder world (a registered decoder kind
+    writes its own); `start_image` is the worldserve.json "start_image" entry, if any.
     """
     root = Path(path)
     (root / "transformer").mkdir(parents=True, exist_ok=True)
@@ -328,8 +347,9 @@ def save_world(
     if start_image is not None:
         meta["start_image"] = start_image
     (root / "worldserve.json").write_text(json.dumps(meta, indent=2))
-    if kind == "fast":
-        vae_config = {"_class_name": "FastAutoencoder", **module.cfg.to_dict()}  # type: ignore[union-attr]
+    kinds = registered("decoder")
+    if kind in kinds:
+        vae_config = kinds[kind].config(module)
     elif vae_config is None and kind == "wan":
         vae_config = {k: v for k, v in dict(module.config).items() if not k.startswith("_")}  # type: ignore[union-attr]
     if vae_config is not None:
@@ -431,6 +451,7 @@ _TABLES: dict[Kind, dict[str, Any]] = {
     "family": {},
     "start_image": {"file": file_start_image},
     "part": {},
+    "decoder": {},
 }
 _families_loaded = False
 

@@ -1,5 +1,6 @@
-"""The tiny world's registrations: the `tiny-world` name, the "game" start image, and the key
-gate and terrain prior a tiny-world directory may carry (its worldserve.json "gate" / "terrain").
+"""The tiny world's registrations: the `tiny-world` name, the "game" start image, the "fast"
+decoder kind, and the key gate and terrain prior a tiny-world directory may carry (its
+worldserve.json "gate" / "terrain").
 
 Importing this module registers them with `models.registry` (it is listed in `models.families`).
 """
@@ -12,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
 from models.key_gate import KeyGate, KeyGateConfig
-from models.registry import Part, load_state, load_world, register, save_part
+from models.registry import DecoderKind, Part, load_state, load_world, register, save_part
 from models.terrain_prior import TerrainPrior, TerrainPriorConfig
 from models.tiny_world import NAME, WEIGHTS_DIR, start_image
 from models.world import World
@@ -31,6 +33,18 @@ def game_start_image(spec: dict, root: Path) -> Callable[[int], np.ndarray]:
     """The "game" start image: the built-in simulator's first frame for the session's seed."""
     size = int(spec.get("size", 64))
     return lambda seed: start_image(seed, size)
+
+
+def _fast_autoencoder(config: FastAEConfig | dict) -> FastAutoencoder:
+    return FastAutoencoder(config if isinstance(config, FastAEConfig) else FastAEConfig.from_dict(config))
+
+
+def _fast_module(decoder: FastStreamingDecoder) -> FastAutoencoder:
+    return decoder.ae
+
+
+def _fast_config(module: FastAutoencoder) -> dict:
+    return {"_class_name": "FastAutoencoder", **module.cfg.to_dict()}
 
 
 def save_gate(gate: KeyGate, path: str | Path) -> None:
@@ -68,5 +82,10 @@ def _save_terrain(world: World, root: Path) -> None:
 
 register(NAME, tiny_world)
 register("game", game_start_image, kind="start_image")
+register(
+    "fast",
+    DecoderKind(_fast_autoencoder, FastStreamingDecoder, _fast_module, _fast_config),  # type: ignore[arg-type]
+    kind="decoder",
+)
 register("gate", Part(_load_gate, _save_gate), kind="part")
 register("terrain", Part(_load_terrain, _save_terrain), kind="part")

@@ -153,6 +153,7 @@ def test_families_register_themselves_once():
     assert "matrix-game-2" in registered("family")
     assert {"file", "game"} <= set(registered("start_image"))
     assert {"gate", "terrain"} <= set(registered("part"))
+    assert "fast" in registered("decoder")
     with pytest.raises(ValueError, match="already registered"):
         register("tiny-world", lambda device, dtype: None)
     with pytest.raises(ValueError, match="registry kind"):
