@@ -45,6 +45,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -454,6 +455,7 @@ _TABLES: dict[Kind, dict[str, Any]] = {
     "decoder": {},
 }
 _families_loaded = False
+_families_lock = threading.RLock()
 
 
 def register(name: str, loader: Any, kind: Kind = "world") -> None:
@@ -472,9 +474,12 @@ def registered(kind: Kind) -> dict[str, Any]:
     if not _families_loaded:
         from models.families import FAMILIES  # module names only: no family is imported here
 
-        _families_loaded = True  # set first: a family's own import may look a table up
-        for module in FAMILIES:
-            importlib.import_module(module)
+        # Another thread waits for the tables to fill; the lock is reentrant for a family that
+        # looks a table up while it imports (importlib then skips the module half imported).
+        with _families_lock:
+            for module in FAMILIES:
+                importlib.import_module(module)
+            _families_loaded = True
     return _TABLES[kind]
 
 
