@@ -29,9 +29,9 @@ from diffusers import AutoencoderKLWan
 
 from benchmarks.gpu_shapes import compile_world, engine_run, sync
 from models.causal_wan import CausalWan
-from models.clip_vision import CLIPVision, CLIPVisionConfig
 from models.convert import matrix_game, wan_vae
-from models.mg_world import build_world, transformer_config
+from models.matrix_game.clip_vision import CLIPVision, CLIPVisionConfig
+from models.matrix_game.loader import build_world, transformer_config
 from models.world import Conditioning, World
 
 TINY_ORIGINAL = matrix_game.PUBLISHED["universal"] | {

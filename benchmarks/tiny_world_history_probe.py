@@ -36,7 +36,8 @@ from models.game import GameConfig, SimResult, simulate
 from models.registry import from_name
 from models.tiny_world.data import action_rows, sim_cameras
 from models.tiny_world.metrics import free_worlds, scroll_offset
-from models.tiny_world.train import anchored_clips, rollout_history
+from models.tiny_world.training.history import rollout_history
+from models.tiny_world.training.targets import anchored_clips
 from models.world import World
 from runtime.engine import Engine
 

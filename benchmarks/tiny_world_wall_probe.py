@@ -39,7 +39,7 @@ from models.game import GameConfig, SimResult, generate_world, held_moves, simul
 from models.registry import from_name
 from models.tiny_world.data import action_rows, sim_cameras
 from models.tiny_world.metrics import KEY_AXES, world_displacement
-from models.tiny_world.train import rollout_history
+from models.tiny_world.training.history import rollout_history
 from models.world import World
 
 AXES = {key: (axis, sign) for key, axis, sign in KEY_AXES}

@@ -43,7 +43,13 @@ from torch import nn
 
 from models.actions import ActionSpace
 from models.kv_pool import ChunkIndex, DenseAttention, KVPool, PoolAttention, sdpa
-from models.mg_action import MGActionConfig, MGActionModule, forward_pooled, ring_windows, rope_tables
+from models.matrix_game.action import (
+    MGActionConfig,
+    MGActionModule,
+    forward_pooled,
+    ring_windows,
+    rope_tables,
+)
 
 ACTION_KINDS = ("worldserve", "matrix-game")  # ActionConfig.kind values
 
@@ -53,7 +59,7 @@ class ActionConfig:
     """The action module, present in blocks [0, blocks).
 
     `kind` selects the module: "worldserve" (`ActionModule`, our design, trained by the tiny
-    world) or "matrix-game" (`models.mg_action.MGActionModule`, weight-compatible with Matrix-Game
+    world) or "matrix-game" (`models.matrix_game.action.MGActionModule`, weight-compatible with Matrix-Game
     2.0 checkpoints; its own sizes are the `matrix_game` dict, an `MGActionConfig`). For
     "matrix-game", `keys` name the keyboard columns in the original's order, and protocol mouse
     deltas (dx, dy) become the original's [pitch, yaw] = [-dy, dx] * `mouse_scale`.

@@ -3,22 +3,19 @@
 A model directory has diffusers' layout plus one file of serving settings::
 
     DIR/worldserve.json                      {"world": WorldConfig, "transformer": CausalWanConfig,
-                                              "decoder": {"kind": "wan" | "fast" | "taehv"},  (default wan)
-                                              "start_image": {"kind": "game", "size": 64}} (optional)
+                                              "decoder": {"kind": "wan" | "taehv" | ...},  (default wan)
+                                              "start_image": {"kind": ..., ...}} (optional)
     DIR/transformer/diffusion_pytorch_model.safetensors
-    DIR/vae/config.json                      AutoencoderKLWan config, or FastAEConfig for "fast"
+    DIR/vae/config.json                      AutoencoderKLWan config, or a registered kind's config
     DIR/vae/diffusion_pytorch_model.safetensors
-    DIR/gate/key_gate.safetensors            optional: a learned key gate (models/key_gate.py),
-                                             its KeyGateConfig in worldserve.json "gate"
-    DIR/terrain/terrain_prior.safetensors    optional: a learned terrain prior for worlds with an
-                                             atlas (models/terrain_prior.py), its
-                                             TerrainPriorConfig in worldserve.json "terrain"
+    DIR/<part>/...                           optional: a registered part's weights, its config in
+                                             worldserve.json under the part's name
 
 `transformer/config.json` is accepted too when worldserve.json has no "transformer" entry,
 so a plain diffusers Wan checkpoint loads with only a small worldserve.json beside it.
 The decoder kind picks the autoencoder class: diffusers' `AutoencoderKLWan` behind
-`WanStreamingVAE`, our `FastAutoencoder` behind `FastStreamingDecoder`, or `TAEHV` behind
-`TAEHVDecoder`. A taehv entry reads no vae/config.json::
+`WanStreamingVAE`, `TAEHV` behind `TAEHVDecoder`, or a kind a family registers (`DecoderKind`).
+A taehv entry reads no vae/config.json::
 
     "decoder": {"kind": "taehv",
                 "config": "taew2_1" | TAEHVConfig dict,   (optional, default "taew2_1")
@@ -28,22 +25,31 @@ The decoder kind picks the autoencoder class: diffusers' `AutoencoderKLWan` behi
 `with_decoder(world, "taehv:PATH")` swaps a loaded world's decoder for TAEHV weights in a local
 file, e.g. madebyollin/taehv's taew2_1.safetensors (`worldserve --decoder taehv:PATH`).
 A "start_image" entry gives image-started worlds a seed -> frame function, so sessions need not
-send `open.image` ("game": the built-in simulator's first frame for the seed; "file": one image
-file, `{"kind": "file", "path": "start.png"}` relative to DIR, the same frame for every seed).
+send `open.image` ("file": one image file, `{"kind": "file", "path": "start.png"}` relative to
+DIR, the same frame for every seed; families register more kinds).
 Converted directories (models/convert/output.py) list in "requires" what serving them needs; a
 directory needing anything outside `SUPPORTED_REQUIREMENTS` is refused, and "text_prompts" marks
 the world as taking prompts (`WorldConfig.text_prompts`; resolved by `World.prompts`).
 
-Registered names: `tiny-random` (seeded random weights, for tests) and `tiny-world` (the shipped
-world of models/tiny_world/, the default).
+Names, directory families, start-image kinds and directory parts are registered, not imported:
+`register(name, loader, kind)` fills one table per kind, and the families listed (as module
+names) in `models.families` register themselves when first imported, which the lookups here
+trigger through importlib, so this module has no import edge to any family. Built in here:
+the name `tiny-random` (seeded random weights, for tests), the decoder kinds "wan" and "taehv"
+and the start-image kind "file"; everything else (the default world among it) comes from the
+families' own loader modules.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -51,25 +57,50 @@ from diffusers import AutoencoderKLWan
 from safetensors.torch import load_file, save_file
 
 from models.causal_wan import ActionConfig, CausalWan, CausalWanConfig
-from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
-from models.key_gate import KeyGate, KeyGateConfig
 from models.names import DEFAULT_MODEL as DEFAULT_MODEL  # re-exported: the registry's default
 from models.sampler import FlowSchedule
 from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
-from models.terrain_prior import TerrainPrior, TerrainPriorConfig
-from models.tiny_world import WEIGHTS_DIR as TINY_WORLD_DIR
-from models.tiny_world import start_image as game_start_image
 from models.vae import StreamingDecoder, WanStreamingVAE
 from models.world import World, WorldConfig
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
-GATE_WEIGHTS = "gate/key_gate.safetensors"  # a world's key gate, relative to its directory
-TERRAIN_WEIGHTS = "terrain/terrain_prior.safetensors"  # a world's terrain prior, likewise
 # diffusers' own loader drops these keys (Wan I2V leftovers); so do we.
 IGNORED_KEYS = ("norm_added_q",)
-DECODER_KINDS = ("wan", "fast", "taehv")  # worldserve.json "decoder.kind" values
+DECODER_KINDS = ("wan", "taehv")  # worldserve.json "decoder.kind" values built in; families add more
 TAEHV_DEFAULT = "taew2_1"  # the TAEHV config of a taehv entry without one, and of `--decoder taehv:PATH`
-START_IMAGE_KINDS = ("game", "file")  # worldserve.json "start_image.kind" values
+
+# What `register` takes: "world", a name's builder(device, dtype) -> World; "family", the loader
+# (root, meta, device, dtype) -> World of directories whose worldserve.json "family" is the name;
+# "start_image", a factory (spec, root) -> seed -> frame for a "start_image.kind"; "part", a `Part`
+# for a worldserve.json entry a family adds to its directories.
+# "decoder", a `DecoderKind` for a worldserve.json "decoder.kind".
+Kind = Literal["world", "family", "start_image", "part", "decoder"]
+KINDS: tuple[Kind, ...] = ("world", "family", "start_image", "part", "decoder")
+
+
+@dataclass(frozen=True)
+class Part:
+    """A worldserve.json entry with its own weights (e.g. a family's extra module).
+
+    `load(world, config, root)` attaches it to a loaded world (`config` is the entry);
+    `save(world, root)` writes it beside a saved world when the world has one."""
+
+    load: Callable[[World, dict, Path], None]
+    save: Callable[[World, Path], None]
+
+
+@dataclass(frozen=True)
+class DecoderKind:
+    """A decoder kind a family adds (worldserve.json "decoder.kind").
+
+    `build(config)` is its autoencoder with random weights, from its vae/config.json dict or its
+    config object; `streaming` the `StreamingDecoder` class built around that module; `module`
+    the module inside such a decoder; `config(module)` the vae/config.json a saved world writes."""
+
+    build: Callable[[Any], torch.nn.Module]
+    streaming: type[StreamingDecoder]
+    module: Callable[[StreamingDecoder], torch.nn.Module]
+    config: Callable[[torch.nn.Module], dict]
 
 
 class UnknownModelError(KeyError):
@@ -142,44 +173,49 @@ def start_image_fn(spec: dict | None, root: Path | None = None) -> Callable[[int
     if spec is None:
         return None
     kind = spec.get("kind")
-    if kind not in START_IMAGE_KINDS:
-        raise ValueError(f"unknown start_image kind {kind!r}; known: {list(START_IMAGE_KINDS)}")
-    if kind == "file":
-        from PIL import Image
+    kinds = registered("start_image")
+    if kind not in kinds:
+        raise ValueError(f"unknown start_image kind {kind!r}; known: {sorted(kinds)}")
+    return kinds[kind](spec, root or Path("."))
 
-        with Image.open((root or Path(".")) / spec["path"]) as img:  # read once, at load
-            frame = np.asarray(img.convert("RGB"), dtype=np.uint8)
-        return lambda seed: frame
-    size = int(spec.get("size", 64))
-    return lambda seed: game_start_image(seed, size)
+
+def file_start_image(spec: dict, root: Path) -> Callable[[int], np.ndarray]:
+    """The "file" start image: one image file, relative to the model directory, for every seed."""
+    from PIL import Image
+
+    with Image.open(root / spec["path"]) as img:  # read once, at load
+        frame = np.asarray(img.convert("RGB"), dtype=np.uint8)
+    return lambda seed: frame
 
 
 def build_decoder(
-    vae: dict | FastAEConfig | TAEHVConfig,
+    vae: Any,
     kind: str = "wan",
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> StreamingDecoder:
-    """A streaming decoder with random weights: Wan's VAE from its config dict, ours, or TAEHV."""
+    """A streaming decoder with random weights: Wan's VAE from its config dict, TAEHV from a
+    TAEHVConfig or its dict, or a registered kind from its config."""
     if kind == "wan":
         assert isinstance(vae, dict)
         autoencoder = AutoencoderKLWan(**vae).to(device=device)
         if dtype != torch.float32:
             autoencoder = autoencoder.to(dtype=dtype)
         return WanStreamingVAE(autoencoder)
-    if kind == "fast":
-        cfg = vae if isinstance(vae, FastAEConfig) else FastAEConfig.from_dict(vae)
-        return FastStreamingDecoder(FastAutoencoder(cfg).to(device=device, dtype=dtype))
     if kind == "taehv":
-        tcfg = vae if isinstance(vae, TAEHVConfig) else TAEHVConfig.from_dict(vae)  # type: ignore[arg-type]
+        tcfg = vae if isinstance(vae, TAEHVConfig) else TAEHVConfig.from_dict(vae)
         return TAEHVDecoder(TAEHV(tcfg).to(device=device, dtype=dtype))
-    raise ValueError(f"unknown decoder kind {kind!r}; known: {list(DECODER_KINDS)}")
+    kinds = registered("decoder")
+    if kind in kinds:
+        return kinds[kind].streaming(kinds[kind].build(vae).to(device=device, dtype=dtype))  # type: ignore[call-arg]
+    raise ValueError(f"unknown decoder kind {kind!r}; known: {[*DECODER_KINDS, *sorted(kinds)]}")
 
 
 def wrap_decoder(module: torch.nn.Module, kind: str) -> StreamingDecoder:
     """The streaming decoder of a decoder kind around its (loaded) module."""
-    if kind == "fast":
-        return FastStreamingDecoder(module)  # type: ignore[arg-type]
+    kinds = registered("decoder")
+    if kind in kinds:
+        return kinds[kind].streaming(module)  # type: ignore[call-arg]
     if kind == "taehv":
         return TAEHVDecoder(module)  # type: ignore[arg-type]
     return WanStreamingVAE(module)  # type: ignore[arg-type]
@@ -227,8 +263,9 @@ def with_decoder(world: World, spec: str) -> World:
 
 def decoder_module(decoder: StreamingDecoder) -> torch.nn.Module:
     """The nn.Module holding a streaming decoder's weights."""
-    if isinstance(decoder, FastStreamingDecoder):
-        return decoder.ae
+    for kind in registered("decoder").values():
+        if isinstance(decoder, kind.streaming):
+            return kind.module(decoder)
     if isinstance(decoder, WanStreamingVAE):
         return decoder.vae
     if isinstance(decoder, TAEHVDecoder):
@@ -240,13 +277,16 @@ def decoder_kind(decoder: StreamingDecoder) -> str:
     """The worldserve.json decoder kind of a streaming decoder."""
     if isinstance(decoder, TAEHVDecoder):
         return "taehv"
-    return "fast" if isinstance(decoder, FastStreamingDecoder) else "wan"
+    for name, kind in registered("decoder").items():
+        if isinstance(decoder, kind.streaming):
+            return name
+    return "wan"
 
 
 def build_world(
     world: WorldConfig,
     dit: CausalWanConfig,
-    vae: dict | FastAEConfig | TAEHVConfig,
+    vae: Any,
     seed: int | None = 0,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -255,8 +295,8 @@ def build_world(
 ) -> World:
     """Construct a world from configs; weights random from `seed` (None: leave torch's RNG alone).
 
-    `decoder` is the decoder kind ("wan": `vae` is an AutoencoderKLWan config; "fast": a
-    FastAEConfig or its dict; "taehv": a TAEHVConfig or its dict).
+    `decoder` is the decoder kind ("wan": `vae` is an AutoencoderKLWan config; "taehv": a
+    TAEHVConfig or its dict; a registered kind: its config object or dict).
     """
     if seed is not None:
         torch.manual_seed(seed)
@@ -289,8 +329,8 @@ def save_world(
 ) -> None:
     """Write a world as a model directory (see the module docstring).
 
-    `vae_config` is the AutoencoderKLWan config of a Wan-decoder world (a fast decoder writes its
-    own); `start_image` is the worldserve.json "start_image" entry, if any.
+    `vae_config` is the AutoencoderKLWan config of a Wan-decoder world (a registered decoder kind
+    writes its own); `start_image` is the worldserve.json "start_image" entry, if any.
     """
     root = Path(path)
     (root / "transformer").mkdir(parents=True, exist_ok=True)
@@ -308,8 +348,9 @@ def save_world(
     if start_image is not None:
         meta["start_image"] = start_image
     (root / "worldserve.json").write_text(json.dumps(meta, indent=2))
-    if kind == "fast":
-        vae_config = {"_class_name": "FastAutoencoder", **module.cfg.to_dict()}  # type: ignore[union-attr]
+    kinds = registered("decoder")
+    if kind in kinds:
+        vae_config = kinds[kind].config(module)
     elif vae_config is None and kind == "wan":
         vae_config = {k: v for k, v in dict(module.config).items() if not k.startswith("_")}  # type: ignore[union-attr]
     if vae_config is not None:
@@ -319,24 +360,13 @@ def save_world(
         str(root / "transformer" / WEIGHTS),
     )
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(root / "vae" / WEIGHTS))
-    if world.gate is not None:
-        save_gate(world.gate, root)
-    if world.terrain is not None:
-        save_terrain(world.terrain, root)
+    for part in registered("part").values():
+        part.save(world, root)
 
 
-def save_gate(gate: KeyGate, path: str | Path) -> None:
-    """Write a key gate into a model directory: its weights, and its config as worldserve.json's
-    "gate" entry (the rest of the directory is left as it is)."""
-    _save_part(gate, gate.cfg.to_dict(), "gate", GATE_WEIGHTS, path)
-
-
-def save_terrain(prior: TerrainPrior, path: str | Path) -> None:
-    """Write a terrain prior into a model directory, as `save_gate` a gate ("terrain" entry)."""
-    _save_part(prior, prior.cfg.to_dict(), "terrain", TERRAIN_WEIGHTS, path)
-
-
-def _save_part(module: torch.nn.Module, config: dict, entry: str, weights: str, path: str | Path) -> None:
+def save_part(module: torch.nn.Module, config: dict, entry: str, weights: str, path: str | Path) -> None:
+    """Write a part's weights into a model directory at `weights` (relative to it) and its config
+    as worldserve.json's `entry` (the rest of the directory is left as it is)."""
     root = Path(path)
     meta_path = root / "worldserve.json"
     meta = json.loads(meta_path.read_text())
@@ -362,10 +392,10 @@ def load_world(
             f"{root}: this {meta.get('family', 'model')} directory needs {', '.join(missing)}, "
             "which this server cannot run yet (see docs/MODELS.md)"
         )
-    if meta.get("family") == "matrix-game-2":
-        from models.mg_world import load_matrix_game  # imports this module's load_state
-
-        return load_matrix_game(root, meta, device, dtype)
+    family = meta.get("family")
+    families = registered("family")
+    if family in families:
+        return families[family](root, meta, device, dtype)
     tcfg = meta.get("transformer")
     if tcfg is None:
         tcfg = json.loads((root / "transformer" / "config.json").read_text()) | meta.get("rollout", {})
@@ -392,14 +422,9 @@ def load_world(
     )
     load_state(world.transformer, root / "transformer" / WEIGHTS)
     load_state(decoder_module(world.decoder), weights)
-    if "gate" in meta:
-        gate = KeyGate(KeyGateConfig.from_dict(meta["gate"]))
-        load_state(gate, root / GATE_WEIGHTS)
-        world.set_gate(gate)
-    if "terrain" in meta:
-        prior = TerrainPrior(TerrainPriorConfig.from_dict(meta["terrain"]))
-        load_state(prior, root / TERRAIN_WEIGHTS)
-        world.set_terrain(prior)
+    for entry, part in registered("part").items():
+        if entry in meta:
+            part.load(world, meta[entry], root)
     if wcfg.atlas_tiles and not world.remembers:
         raise ValueError(f"{root}: atlas_tiles needs a key gate that plans the view's motion (gate.view)")
     if torch.device(device) == torch.device("cpu") and dtype == torch.float32:
@@ -421,15 +446,41 @@ def _tiny_random(device: torch.device | str, dtype: torch.dtype) -> World:
     return build_world(*tiny_random_configs(), seed=0, device=device, dtype=dtype)
 
 
-def _tiny_world(device: torch.device | str, dtype: torch.dtype) -> World:
-    return load_world(TINY_WORLD_DIR, device, dtype)
-
-
-# name -> builder(device, dtype). Directory-backed entries are added by the packages that ship them.
-REGISTRY: dict[str, Callable[[torch.device | str, torch.dtype], World]] = {
-    "tiny-random": _tiny_random,
-    "tiny-world": _tiny_world,
+# kind -> name -> loader (see `Kind`). Families add theirs through `register`.
+_TABLES: dict[Kind, dict[str, Any]] = {
+    "world": {"tiny-random": _tiny_random},
+    "family": {},
+    "start_image": {"file": file_start_image},
+    "part": {},
+    "decoder": {},
 }
+_families_loaded = False
+_families_lock = threading.RLock()
+
+
+def register(name: str, loader: Any, kind: Kind = "world") -> None:
+    """Register `loader` under `name` in the `kind` table; a name registers once per kind."""
+    if kind not in _TABLES:
+        raise ValueError(f"unknown registry kind {kind!r}; known: {list(KINDS)}")
+    table = _TABLES[kind]
+    if name in table and table[name] is not loader:
+        raise ValueError(f"{kind} {name!r} is already registered")
+    table[name] = loader
+
+
+def registered(kind: Kind) -> dict[str, Any]:
+    """The `kind` table, after every family in `models.families.FAMILIES` has registered."""
+    global _families_loaded
+    if not _families_loaded:
+        from models.families import FAMILIES  # module names only: no family is imported here
+
+        # Another thread waits for the tables to fill; the lock is reentrant for a family that
+        # looks a table up while it imports (importlib then skips the module half imported).
+        with _families_lock:
+            for module in FAMILIES:
+                importlib.import_module(module)
+            _families_loaded = True
+    return _TABLES[kind]
 
 
 def from_name(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> World:
@@ -438,8 +489,9 @@ def from_name(name: str, device: torch.device | str = "cpu", dtype: torch.dtype 
     A name that is neither raises `UnknownModelError`, except one written as a path (it has a
     separator, or starts with . or ~), which raises FileNotFoundError: it says the path is missing
     rather than that no world has that name."""
-    if name in REGISTRY:
-        return REGISTRY[name](device, dtype)
+    worlds = registered("world")
+    if name in worlds:
+        return worlds[name](device, dtype)
     path = Path(name).expanduser()
     if path.is_dir():
         return load_world(path, device, dtype)
@@ -447,8 +499,8 @@ def from_name(name: str, device: torch.device | str = "cpu", dtype: torch.dtype 
         raise FileNotFoundError(f"{name} is a file, not a model directory")
     if _looks_like_path(name):
         raise FileNotFoundError(f"model directory {name} does not exist")
-    registered = ", ".join(sorted(REGISTRY))
-    raise UnknownModelError(f"unknown model {name!r}; registered: {registered}, or a model directory")
+    names = ", ".join(sorted(worlds))
+    raise UnknownModelError(f"unknown model {name!r}; registered: {names}, or a model directory")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -458,4 +510,4 @@ def _looks_like_path(name: str) -> bool:
 
 def list_models() -> list[str]:
     """Registered model names."""
-    return sorted(REGISTRY)
+    return sorted(registered("world"))

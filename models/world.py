@@ -36,9 +36,9 @@ import torch
 from models.actions import ActionSpace, FrameLayout
 from models.atlas import Atlas, Cartographer
 from models.causal_wan import CausalWan, marker_inputs
-from models.i2v import ImageConditioner
 from models.key_gate import KeyGate, read_motion
 from models.kv_pool import ChunkIndex
+from models.matrix_game.image import ImageConditioner
 from models.sampler import FlowSchedule, add_noise, carry, pin
 from models.terrain_prior import TerrainPrior
 from models.vae import DecoderCache, StreamingDecoder, decode_batch

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from models.clip_vision import CLIPVision, CLIPVisionConfig
 from models.convert.keymap import KeyMap, Shape, apply, check, module_shapes
 from models.convert.sources import read_state
+from models.matrix_game.clip_vision import CLIPVision, CLIPVisionConfig
 
 PREFIX = "visual."
 IGNORED = ("textual.", "log_scale")  # the XLM-R text tower and the logit scale: not needed

@@ -5,7 +5,7 @@ the original Wan names under `model.` (the original loads them strictly into its
 maps onto diffusers `WanTransformer3DModel` names with `image_dim=1280` (the image embedder is the
 original `img_emb`; there is no text embedder: cross-attention reads only the 257 projected CLIP
 tokens). The action modules of blocks 0-14 keep their original names under
-`blocks.N.action_model.*` and load into `models.mg_action.MGActionModule`; the four q/k RMSNorm
+`blocks.N.action_model.*` and load into `models.matrix_game.action.MGActionModule`; the four q/k RMSNorm
 weights the original stores but never multiplies are dropped.
 """
 
@@ -20,7 +20,7 @@ from models.causal_wan import ActionConfig, CausalWanConfig
 from models.convert import wan_dit
 from models.convert.keymap import ConversionError, KeyMap, Shape, apply, check, module_shapes
 from models.convert.sources import read_state
-from models.mg_action import MGActionConfig, MGActionModule
+from models.matrix_game.action import MGActionConfig, MGActionModule
 
 PREFIX = "model."
 UNUSED_NORMS = {

@@ -57,7 +57,7 @@ def tiny_mg_config(**overrides) -> CausalWanConfig:
     """An I2V Wan (4 noise + 4 conditioning channels, 16-wide image tokens) with Matrix-Game's
     action module in block 0: 3 keys + mouse, 2 heads of 64, 4 raw frames per latent frame."""
     from models.causal_wan import ActionConfig
-    from models.mg_action import MGActionConfig
+    from models.matrix_game.action import MGActionConfig
 
     mg = MGActionConfig(
         keyboard_dim_in=3,

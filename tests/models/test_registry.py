@@ -5,6 +5,9 @@ world takes TAEHV weights from a local file (`with_decoder`)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,10 +18,12 @@ from safetensors.torch import save_file
 
 from models.fast_decoder import FastAEConfig, FastStreamingDecoder
 from models.registry import (
-    REGISTRY,
     build_world,
     from_name,
+    list_models,
     load_world,
+    register,
+    registered,
     save_world,
     start_image_fn,
     tiny_random_configs,
@@ -69,7 +74,7 @@ def test_wan_world_round_trips_and_defaults_to_the_wan_decoder(tmp_path: Path):
     loaded = load_world(tmp_path)
     assert isinstance(loaded.decoder, WanStreamingVAE)
     assert same_weights(loaded.decoder.vae, world.decoder.vae)
-    assert "tiny-world" in REGISTRY and "tiny-random" in REGISTRY
+    assert "tiny-world" in list_models() and "tiny-random" in list_models()
 
 
 def test_start_image_kinds():
@@ -128,3 +133,28 @@ def test_with_decoder_swaps_in_taehv_weights_from_a_local_file(tmp_path: Path):
         with_decoder(world, str(path))
     with pytest.raises(ValueError, match="latent channels"):  # tiny-random's DiT takes 8 channels
         with_decoder(from_name("tiny-random"), f"taehv:{path}")
+
+
+def test_importing_the_registry_imports_no_family():
+    code = (
+        "import sys, models.registry as r; "
+        "families = ('models.tiny_world', 'models.matrix_game.loader'); "
+        "assert not [m for m in sys.modules if m.startswith(families)]; "
+        "r.list_models(); "
+        "assert 'models.tiny_world.loader' in sys.modules and 'models.matrix_game.loader' in sys.modules"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_families_register_themselves_once():
+    assert "matrix-game-2" in registered("family")
+    assert {"file", "game"} <= set(registered("start_image"))
+    assert {"gate", "terrain"} <= set(registered("part"))
+    assert "fast" in registered("decoder")
+    with pytest.raises(ValueError, match="already registered"):
+        register("tiny-world", lambda device, dtype: None)
+    with pytest.raises(ValueError, match="registry kind"):
+        register("x", None, kind="plugin")  # type: ignore[arg-type]

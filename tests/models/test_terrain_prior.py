@@ -13,7 +13,7 @@ import torch
 from models.game import GameConfig, generate_world
 from models.terrain_prior import TerrainPrior, TerrainPriorConfig, uniform
 from models.tiny_world import WEIGHTS_DIR
-from models.tiny_world.terrain import (
+from models.tiny_world.training.prior import (
     TerrainTrainConfig,
     class_maps,
     evaluate,

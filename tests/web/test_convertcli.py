@@ -198,7 +198,7 @@ def _convert_matrix_game(tmp_path: Path, **config: object) -> tuple[int, Path]:
 def test_matrix_game_frame_size_comes_from_the_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from models.mg_world import world_config
+    from models.matrix_game.loader import world_config
 
     rc, out = _convert_matrix_game(tmp_path, height=32, width=48)
     assert rc == 0 and "(universal, 48x32 frames)" in capsys.readouterr().out

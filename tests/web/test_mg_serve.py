@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from models import registry
-from models.clip_vision import CLIPVision, CLIPVisionConfig
+from models.matrix_game.clip_vision import CLIPVision, CLIPVisionConfig
 from tests.fixtures.golden import GOLDEN, load_golden
 from tests.fixtures.golden.served import write_tiny_vae
 from web import messages as m

@@ -170,7 +170,7 @@ def test_start_frame_travels_in_ready_and_each_step_gets_exactly_one_chunk(world
 
 def test_the_default_world_starts_from_the_game_start_frame() -> None:
     from models import registry
-    from models.registry import game_start_image
+    from models.tiny_world import start_image as game_start_image
 
     async def main():
         world = registry.from_name(registry.DEFAULT_MODEL)

@@ -8,7 +8,7 @@ import torch
 
 from models.convert import matrix_game
 from models.convert.keymap import ConversionError
-from models.mg_action import MGActionModule
+from models.matrix_game.action import MGActionModule
 from tests.fixtures.golden import GOLDEN, load_golden
 
 
@@ -62,7 +62,7 @@ class _ActionAdapter(torch.nn.Module):
     """Test harness only: puts the standalone MGActionModule (its own per-session cache) where
     CausalWanBlock calls its action module (after the cross-attention residual, before the FFN):
     an independent check of the converted weights and the placement. The served path (the
-    module inside CausalWan, K/V in the pool) is tests/models/test_mg_world.py."""
+    module inside CausalWan, K/V in the pool) is tests/models/matrix_game/test_loader.py."""
 
     def __init__(self, module: MGActionModule) -> None:
         super().__init__()

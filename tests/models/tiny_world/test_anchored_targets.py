@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from models.game import Game, GameConfig, random_policy
-from models.tiny_world.train import ANCHOR_MARGIN, TrainConfig, Trainer, gaussian_blur, match_shift
+from models.tiny_world.training.config import TrainConfig
+from models.tiny_world.training.history import gaussian_blur
+from models.tiny_world.training.targets import ANCHOR_MARGIN, match_shift
+from models.tiny_world.training.trainer import Trainer
 from tests.models.tiny_world.test_train_cli import train_tiny
 
 

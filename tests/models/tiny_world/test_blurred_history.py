@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.tiny_world.train import gaussian_blur, main
+from models.tiny_world.train import main
+from models.tiny_world.training.history import gaussian_blur
 from tests.models.tiny_world.test_train_cli import TINY, train_tiny
 
 

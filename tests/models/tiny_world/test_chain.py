@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from models.registry import from_name
-from models.tiny_world.train import chain_history, rollout_history
+from models.tiny_world.training.history import chain_history, rollout_history
 from tests.models.tiny_world.test_train_cli import train_tiny
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from models.tiny_world.train import FrameCritic, main
+from models.tiny_world.train import main
+from models.tiny_world.training.heads import FrameCritic
 from tests.models.tiny_world.test_train_cli import train_tiny
 
 

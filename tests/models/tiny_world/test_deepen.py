@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from models.registry import from_name, load_world
-from models.tiny_world.train import deepen
+from models.tiny_world.training.dit import deepen
 from tests.models.tiny_world.test_teacher_forcing import serve_random_policy, with_transformer
 from tests.models.tiny_world.test_train_cli import train_tiny
 

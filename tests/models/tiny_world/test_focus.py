@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from models.game import random_policy
 from models.tiny_world.data import FOCUS_POLICY, action_rows, make_episodes
-from models.tiny_world.train import idle_clips
+from models.tiny_world.training.clips import idle_clips
 from tests.models.tiny_world.test_train_cli import train_tiny
 
 

@@ -14,8 +14,8 @@ import torch
 from models.game import GameConfig, generate_world, held_moves
 from models.registry import load_world
 from models.tiny_world import ATLAS_TILES
-from models.tiny_world.gate import free_walk, jitter_player, world_walls
 from models.tiny_world.metrics import KEY_AXES
+from models.tiny_world.training.gate import free_walk, jitter_player, world_walls
 from tests.models.tiny_world.test_motion_weights import TILED
 from tests.models.tiny_world.test_train_cli import train_tiny
 

@@ -18,7 +18,9 @@ from models.fast_decoder import phase_channels, sprite_channels
 from models.registry import from_name, load_world
 from models.tiny_world import ae_config, marker_config
 from models.tiny_world.data import make_episodes
-from models.tiny_world.train import AuxHeads, main, with_marker
+from models.tiny_world.train import main
+from models.tiny_world.training.dit import with_marker
+from models.tiny_world.training.heads import AuxHeads
 from tests.models.conftest import tiny_config
 from tests.models.test_causal_wan import TOL, H, W, rollout
 from tests.models.tiny_world.test_teacher_forcing import serve_random_policy, with_transformer

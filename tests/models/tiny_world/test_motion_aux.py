@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.tiny_world.train import MOTION_FRAMES, key_motions
+from models.tiny_world.training.clips import MOTION_FRAMES, key_motions
 from tests.models.tiny_world.test_motion_weights import TILED, wall_walk
 from tests.models.tiny_world.test_train_cli import train_tiny
 

@@ -17,7 +17,8 @@ from models.game import GameConfig, simulate
 from models.registry import load_world
 from models.tiny_world import ae_config, view_channels
 from models.tiny_world.data import action_rows, sim_cameras
-from models.tiny_world.train import blocked_starts, main, stop_chunks, stop_onsets
+from models.tiny_world.train import main
+from models.tiny_world.training.clips import blocked_starts, stop_chunks, stop_onsets
 from tests.models.tiny_world.test_train_cli import train_tiny
 
 TILED = ("--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16", "--sf-sprite-jitter", "2")

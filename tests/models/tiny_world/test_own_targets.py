@@ -13,7 +13,8 @@ import torch
 
 from models.game import Game, GameConfig, generate_world
 from models.tiny_world.data import make_episodes
-from models.tiny_world.train import TileGrid, main, own_world_targets, snap_to_tiles, valid_latent_mask
+from models.tiny_world.train import main
+from models.tiny_world.training.targets import TileGrid, own_world_targets, snap_to_tiles, valid_latent_mask
 from tests.models.tiny_world.test_train_cli import TINY
 
 MAGENTA = torch.tensor([1.0, -1.0, 1.0])

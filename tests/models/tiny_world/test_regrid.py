@@ -13,7 +13,8 @@ import torch
 from models.causal_wan import CausalWan
 from models.registry import load_world
 from models.tiny_world import dit_config
-from models.tiny_world.train import main, regrid
+from models.tiny_world.train import main
+from models.tiny_world.training.dit import regrid
 from tests.models.tiny_world.test_train_cli import TINY
 
 

@@ -10,7 +10,8 @@ import torch
 
 from models.game import Game
 from models.tiny_world.data import make_episodes
-from models.tiny_world.train import parse_bool, seen_latent_mask
+from models.tiny_world.train import parse_bool
+from models.tiny_world.training.targets import seen_latent_mask
 
 
 def _track(*offsets: tuple[float, float], start: tuple[float, float] = (40.0, 100.0)) -> torch.Tensor:

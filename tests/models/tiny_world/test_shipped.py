@@ -23,8 +23,9 @@ from models.tiny_world import (
     world_config,
 )
 from models.tiny_world.metrics import KEY_AXES, free_worlds, world_displacement
-from models.tiny_world.terrain import terrain_config
-from models.tiny_world.train import TrainConfig, Trainer
+from models.tiny_world.training.config import TrainConfig
+from models.tiny_world.training.prior import terrain_config
+from models.tiny_world.training.trainer import Trainer
 from models.world import Conditioning
 from runtime.engine import Engine
 from runtime.requests import ChunkCommitted, ChunkRequest

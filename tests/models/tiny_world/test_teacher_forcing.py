@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.tiny_world.train import lr_at, sample_sigmas, teacher_forcing_layout
+from models.tiny_world.training.config import lr_at
+from models.tiny_world.training.dit import sample_sigmas, teacher_forcing_layout
 from runtime.kv_cache import KVLayout
 from tests.models.conftest import tiny_actions, tiny_config
 
@@ -141,7 +142,7 @@ def test_self_forced_history_is_the_engines_rollout(sink, carry, tmp_path):
     from models.registry import from_name, load_world
     from models.tiny_world import WEIGHTS_DIR, carried_channels
     from models.tiny_world.data import action_rows
-    from models.tiny_world.train import rollout_history
+    from models.tiny_world.training.history import rollout_history
     from models.world import Conditioning
 
     shipped_carry = from_name("tiny-world").config.carry_channels
@@ -189,7 +190,7 @@ def test_self_forced_history_is_the_engines_rollout(sink, carry, tmp_path):
 
 def test_rollout_history_from_a_later_chunk_keeps_the_given_history():
     from models.registry import from_name
-    from models.tiny_world.train import rollout_history
+    from models.tiny_world.training.history import rollout_history
 
     world = from_name("tiny-world")
     gen = torch.Generator().manual_seed(0)
@@ -209,7 +210,7 @@ def test_rollout_history_leaves_a_serving_cache_as_it_was():
     goes on after it as if nothing had run in between."""
     from models.actions import FrameAction
     from models.registry import from_name
-    from models.tiny_world.train import rollout_history
+    from models.tiny_world.training.history import rollout_history
     from models.world import Conditioning
     from runtime.engine import Engine
     from runtime.requests import ChunkRequest
@@ -242,7 +243,7 @@ def test_onestep_history_is_each_chunk_generated_from_the_truth():
     from models.game import KEYS
     from models.registry import from_name
     from models.tiny_world.data import SPACE
-    from models.tiny_world.train import onestep_history, rollout_history
+    from models.tiny_world.training.history import onestep_history, rollout_history
 
     world = from_name("tiny-world")
     dit, chunk = world.transformer, world.chunk_frames

@@ -19,14 +19,12 @@ from models.fast_decoder import read_phase, read_sprite
 from models.registry import load_world
 from models.tiny_world import place_channels, start_image, view_channels
 from models.tiny_world.data import action_rows
-from models.tiny_world.train import (
-    TrainConfig,
-    Trainer,
-    chunk_anchors,
-    off_centre_starts,
-    rollout_history,
-    teacher_forcing_layout,
-)
+from models.tiny_world.training.clips import off_centre_starts
+from models.tiny_world.training.config import TrainConfig
+from models.tiny_world.training.dit import teacher_forcing_layout
+from models.tiny_world.training.history import rollout_history
+from models.tiny_world.training.targets import chunk_anchors
+from models.tiny_world.training.trainer import Trainer
 from models.world import Conditioning
 from tests.models.tiny_world.test_teacher_forcing import serve_random_policy
 from tests.models.tiny_world.test_train_cli import train_tiny

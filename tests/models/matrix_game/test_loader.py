@@ -11,7 +11,7 @@ from diffusers import AutoencoderKLWan
 from models.actions import FrameAction
 from models.causal_wan import CausalWan
 from models.convert import matrix_game
-from models.mg_world import transformer_config, world_config
+from models.matrix_game.loader import transformer_config, world_config
 from models.vae import WanStreamingVAE
 from models.world import Conditioning, ConditioningError, World
 from runtime import parity

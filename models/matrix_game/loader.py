@@ -4,7 +4,8 @@ The directory (models/convert/output.py) holds the transformer in diffusers Wan 
 `blocks.N.action_model.*`, the Wan VAE and the CLIP visual tower; its worldserve.json records the
 original config and every inference setting. This module turns that into a `World`: a `CausalWan`
 with the Matrix-Game action module (`matrix_game.serving_config`), the Wan VAE as decoder, and an
-`ImageConditioner` that turns each session's start image into its conditioning.
+`ImageConditioner` that turns each session's start image into its conditioning. Importing it
+registers the family with `models.registry` (listed in `models.families`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ import torch
 from diffusers import AutoencoderKLWan
 
 from models.causal_wan import CausalWan, CausalWanConfig
-from models.clip_vision import CLIPVision, CLIPVisionConfig
 from models.convert import matrix_game
 from models.convert.output import served_world
-from models.i2v import ImageConditioner
+from models.matrix_game.clip_vision import CLIPVision, CLIPVisionConfig
+from models.matrix_game.image import ImageConditioner
+from models.registry import load_state, register, start_image_fn
 from models.vae import WanStreamingVAE
 from models.world import World, WorldConfig
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 CLIP_WEIGHTS = "model.safetensors"
+FAMILY = "matrix-game-2"  # worldserve.json "family" of the directories this module loads
 
 
 def world_config(meta: dict) -> WorldConfig:
@@ -80,8 +83,6 @@ def load_matrix_game(
     root: Path, meta: dict, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> World:
     """Load a converted Matrix-Game 2.0 directory (every weight strictly, see `load_state`)."""
-    from models.registry import load_state, start_image_fn  # the registry imports this module lazily
-
     transformer = CausalWan(transformer_config(meta))
     load_state(transformer, root / "transformer" / WEIGHTS)
     vae_cfg = json.loads((root / "vae" / "config.json").read_text())
@@ -95,3 +96,6 @@ def load_matrix_game(
         )
     start = start_image_fn(meta.get("start_image"), root)
     return build_world(meta, transformer, vae, clip, device, dtype, start)
+
+
+register(FAMILY, load_matrix_game, kind="family")

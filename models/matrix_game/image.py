@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from models.clip_vision import CLIPVision
+from models.matrix_game.clip_vision import CLIPVision
 from models.vae import WanStreamingVAE
 
 MASK_CHANNELS = 4

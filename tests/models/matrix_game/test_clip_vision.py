@@ -1,4 +1,4 @@
-"""models/clip_vision.py against the original Wan CLIP visual tower (golden fixture), and the
+"""models/matrix_game/clip_vision.py against the original Wan CLIP visual tower (golden fixture), and the
 full-size checkpoint key table."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from models.clip_vision import CLIPVision, CLIPVisionConfig
 from models.convert import clip
 from models.convert.keymap import ConversionError
+from models.matrix_game.clip_vision import CLIPVision, CLIPVisionConfig
 from tests.fixtures.golden import GOLDEN, load_golden
 
 

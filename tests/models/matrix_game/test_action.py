@@ -1,9 +1,9 @@
-"""models/mg_action.py against the original Matrix-Game 2.0 action module (golden fixtures)."""
+"""models/matrix_game/action.py against the original Matrix-Game 2.0 action module (golden fixtures)."""
 
 import pytest
 import torch
 
-from models.mg_action import MGActionConfig, MGActionModule, window_actions
+from models.matrix_game.action import MGActionConfig, MGActionModule, window_actions
 from tests.fixtures.golden import load_golden
 
 UNUSED_NORMS = ("img_attn_q_norm", "img_attn_k_norm", "key_attn_q_norm", "key_attn_k_norm")

@@ -1,0 +1,139 @@
+"""The autoencoder stage: the fast autoencoder on single frames, then its latent statistics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from models.tiny_world import SIZE
+from models.tiny_world.training.config import lr_at
+
+
+class AutoencoderStage:
+    """The trainer's `ae` stage (a part of `Trainer`)."""
+
+    def train_ae(self) -> bool:
+        """Returns False when the time limit stopped it."""
+        c, ae, eps = self.cfg, self.ae, self.data()
+        frames = eps.frames.reshape(-1, SIZE, SIZE, 3)  # (E*(N+1), H, W, 3)
+        offsets = self.frame_offsets(eps.cameras)  # (E*(N+1), 2) or None
+        sprites = self.frame_sprites(eps.players, eps.rings)  # (E*(N+1), 3) or None
+        backdrops = None if sprites is None else eps.backdrops.reshape(-1, SIZE, SIZE, 3)
+        cells = ae.cfg.cell_channels
+        ae.train()
+        bar = tqdm(total=c.ae_steps, initial=self.step, desc="autoencoder", disable=not self.progress)
+        while self.step < c.ae_steps:
+            idx = self.rng.integers(0, frames.shape[0], size=c.ae_batch)
+            x = torch.from_numpy(frames[idx]).float().div(127.5).sub(1.0)  # (B, H, W, 3)
+            x = x.permute(0, 3, 1, 2)[:, :, None]  # (B, 3, 1, H, W)
+            off = None if offsets is None else offsets[idx][:, None]  # (B, 1, 2)
+            spr = None if sprites is None else sprites[idx][:, None]  # (B, 1, 3)
+            z = ae.encode_raw(x, off, spr)
+            rel = torch.rand(z.shape[0], 1, 1, 1, 1, generator=self.gen) * c.ae_latent_noise
+            noise = torch.randn(z.shape, generator=self.gen)
+            noise[:, cells:] = 0.0  # phase and sprite channels stay exact: they place what is drawn
+            zn = z + rel * z[:, :cells].detach().std() * noise
+            extra: dict[str, float] = {}
+            if spr is None:
+                rec = ae.decode_raw(zn)
+                loss = 0.0
+            else:
+                # The cells draw the frame without the sprite; the sprite layer draws it over them.
+                back, rec = ae.decode_layers(zn[:, :, 0])
+                rec = rec[:, :, None]
+                target = torch.from_numpy(backdrops[idx]).float().div(127.5).sub(1.0).permute(0, 3, 1, 2)
+                loss = (back - target).abs().mean() + (back - target).pow(2).mean()
+                heat, state = ae.sprite_net(x[:, :, 0])
+                where = spr[:, 0, 1] * SIZE + spr[:, 0, 0]  # (B,) index of the centre pixel
+                on = spr[:, 0, 2].float()
+                loss = loss + nn.functional.cross_entropy(heat, where)
+                loss = loss + nn.functional.binary_cross_entropy_with_logits(state, on)
+                extra["sprite_acc"] = (
+                    ((heat.argmax(1) == where) & ((state > 0) == (on > 0))).float().mean().item()
+                )
+            l1 = (rec - x).abs().mean()
+            mse = (rec - x).pow(2).mean()
+            loss = loss + l1 + mse + c.ae_l2 * z[:, :cells].pow(2).mean()
+            if ae.phase is not None:
+                # Logit k of an axis means "tile edges at k mod s": a frame at offset o has them at -o.
+                logits = ae.phase(x[:, :, 0])  # (B, 2, s)
+                target = (ae.cfg.spatial - off[:, 0]) % ae.cfg.spatial  # (B, 2)
+                loss = loss + nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+                extra["phase_acc"] = (logits.argmax(-1) == target).float().mean().item()
+            for group in self.ae_opt.param_groups:
+                group["lr"] = lr_at(self.step, c.ae_steps, c.ae_lr, c.warmup)
+            self.ae_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(ae.parameters(), 1.0)
+            self.ae_opt.step()
+            self.step += 1
+            bar.update(1)
+            if self.step % c.log_every == 0 or self.step == c.ae_steps:
+                psnr = 10 * math.log10(4.0 / max(mse.item(), 1e-10))  # [-1, 1] range: peak-to-peak 2
+                bar.set_postfix(loss=f"{loss.item():.4f}", psnr=f"{psnr:.1f}")
+                self.log(
+                    {"loss": loss.item(), "l1": l1.item(), "psnr": psnr, "t": self.total_elapsed(), **extra}
+                )
+            if not self.step_done(bar):
+                return False
+        bar.close()
+        ae.eval()
+        self.set_latent_stats(frames, offsets, sprites)
+        self.stage, self.step = "dit", 0
+        self.checkpoint()
+        return True
+
+    def frame_offsets(self, cameras: np.ndarray) -> torch.Tensor | None:
+        """Tile-aligned latents: every frame's sub-tile offset (..., 2) long, from the game's
+        camera (whole frame pixels); None for plain latents."""
+        if not self.ae.cfg.frame_size:
+            return None
+        s = self.ae.cfg.spatial
+        return torch.from_numpy(np.rint(cameras).astype(np.int64) % s).reshape(-1, 2)
+
+    def frame_sprites(self, players: np.ndarray, rings: np.ndarray | None) -> torch.Tensor | None:
+        """With a sprite layer: every frame's player centre (x, y) in view pixels (players
+        (..., 2)) and ring flag (rings (...,)), (N, 3) long; None without a sprite layer or
+        without recorded rings (the encoder then reads them off the frames)."""
+        if not self.ae.cfg.sprite or rings is None:
+            return None
+        centre = torch.from_numpy(np.rint(players).astype(np.int64))
+        ring = torch.from_numpy(rings.astype(np.int64))[..., None]
+        return torch.cat([centre, ring], dim=-1).reshape(-1, 3)
+
+    @torch.no_grad()
+    def set_latent_stats(
+        self,
+        frames: np.ndarray,
+        offsets: torch.Tensor | None = None,
+        sprites: torch.Tensor | None = None,
+        n: int = 4096,
+    ) -> None:
+        """Per-channel mean/std of the raw latents of `n` frames (fixed sample); the sprite
+        channels keep their raw scale (mean 0, std 1), whose units the decoder rounds to."""
+        n = min(n, frames.shape[0])
+        idx = np.random.default_rng(self.cfg.seed + 1).integers(0, frames.shape[0], size=n)
+        x = torch.from_numpy(frames[idx]).float().div(127.5).sub(1.0).permute(0, 3, 1, 2)[:, :, None]
+        off = None if offsets is None else offsets[idx][:, None]
+        spr = None if sprites is None else sprites[idx][:, None]
+        z = torch.cat(
+            [
+                self.ae.encode_raw(
+                    x[i : i + 256],
+                    None if off is None else off[i : i + 256],
+                    None if spr is None else spr[i : i + 256],
+                )
+                for i in range(0, n, 256)
+            ]
+        )  # (n, C, 1, h, w)
+        mean, std = z.mean(dim=(0, 2, 3, 4)), z.std(dim=(0, 2, 3, 4))
+        # A channel constant over the sample (the phase, when no sampled frame's camera moved)
+        # keeps its raw scale: dividing by a zero std would make every latent inf or NaN.
+        std = torch.where(std > 1e-6, std, torch.ones_like(std))
+        sp = self.ae.cfg.sprite_slice
+        mean[sp], std[sp] = 0.0, 1.0
+        self.ae.set_normalisation(mean, std)
