@@ -32,7 +32,7 @@ import torch
 
 from models.actions import FrameAction
 from models.registry import UnknownModelError
-from models.world import Conditioning, World
+from models.world import Conditioning, ModelSpec, World
 from runtime import metrics
 from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
 from runtime.memory import DeviceMemory
@@ -521,6 +521,46 @@ class EngineThread:
                 self._calls.discard(fut)
             raise
         return fut
+
+    # -- the engine's interface for sessions ----------------------------------------------------
+
+    def new_request_id(self) -> int:
+        """A fresh chunk request id (thread-safe; see `Engine.new_request_id`)."""
+        return self.engine.new_request_id()
+
+    def specs(self) -> dict[str, ModelSpec]:
+        """The loaded worlds' specs by model id (fixed for the engine's life: read anywhere)."""
+        return {name: world.spec for name, world in self.engine.worlds.items()}
+
+    def prompt_problem(self, model_id: str, prompt: str) -> str | None:
+        """Why `model_id` cannot take `prompt` (None: it can); reads no tensor."""
+        return self.engine.worlds[model_id].prompt_problem(prompt)
+
+    def rate(self, model_id: str) -> float | None:
+        """The measured chunks/s of `model_id`'s batches (None until measured)."""
+        return self.engine.throughput.rate(model_id)
+
+    def add_stream(
+        self, stream_id: str, model_id: str, cond: Conditioning, debug: DebugHooks | None = None
+    ) -> asyncio.Future[StreamInfo]:
+        """`Engine.add_stream` on the engine thread (admitted by bytes: CapacityError when full)."""
+        return self.call(self.engine.add_stream, stream_id, model_id, cond, debug)
+
+    def fork_stream(self, src_id: str, dst_id: str) -> asyncio.Future[StreamInfo]:
+        """`Engine.fork_stream` on the engine thread: one call copies a stream's committed world."""
+        return self.call(self.engine.fork_stream, src_id, dst_id)
+
+    def reset_stream(self, stream_id: str, cond: Conditioning) -> asyncio.Future[StreamInfo]:
+        """`Engine.reset_stream` on the engine thread."""
+        return self.call(self.engine.reset_stream, stream_id, cond)
+
+    def remove_stream(self, stream_id: str) -> asyncio.Future[None]:
+        """`Engine.remove_stream` on the engine thread (frees the stream's device state)."""
+        return self.call(self.engine.remove_stream, stream_id)
+
+    def info(self, stream_id: str) -> asyncio.Future[StreamInfo]:
+        """`Engine.info` on the engine thread."""
+        return self.call(self.engine.info, stream_id)
 
     def submit(self, request: ChunkRequest) -> asyncio.Future[Outcome]:
         """Queue a chunk; the future resolves with its outcome (or raises the submit error)."""
