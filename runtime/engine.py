@@ -107,7 +107,9 @@ class Engine:
                 raise ValueError(f"max_batch {max_batch} exceeds {name}'s largest compiled bucket")
         # Pipelined, every pool row has a chunk of ring slack (runtime/kv_cache.py).
         slack = {name: w.chunk_frames if pipeline else 0 for name, w in worlds.items()}
-        self.memory = DeviceMemory(worlds, max_kv_bytes, max_sessions=max_streams, slack_frames=slack)
+        self.memory = DeviceMemory(
+            worlds, max_kv_bytes, max_sessions=max_streams, slack_frames=slack, settle=self._settle
+        )
         self.runner = Runner(
             worlds, self.is_aborted, boundary_hook, pipeline=pipeline, defer_context=defer_context
         )
@@ -171,7 +173,6 @@ class Engine:
         self._world(model_id)
         if stream_id in self.runner.streams:
             raise ValueError(f"stream {stream_id} exists")
-        self._settle()  # admission may move rows of other worlds' pools
         self._reserve(stream_id, model_id)
         try:
             frame = self.runner.add(stream_id, model_id, cond, debug or DebugHooks())

@@ -31,7 +31,7 @@ world is the `max_sessions + 1` rows (plus padding) the engine always had.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -91,10 +91,13 @@ class DeviceMemory:
         *,
         max_sessions: int | None = None,
         slack_frames: Mapping[str, int] | None = None,
+        settle: Callable[[], None] | None = None,
     ) -> None:
         """`budget`: device bytes for every world's sessions (None: room for `max_sessions`);
-        with both, the smaller. `slack_frames`: each world's ring slack (default 0). Takes
-        every world's pool over: rows held by an earlier owner are void."""
+        with both, the smaller. `slack_frames`: each world's ring slack (default 0). `settle`:
+        called before a resize moves rows (the engine finishes the work in flight on them). Rows
+        another owner holds in a world's pool (another engine on the same world) stay where they
+        are, on top of this owner's rows."""
         if not worlds:
             raise ValueError("no worlds")
         slack = dict(slack_frames or {})
@@ -105,6 +108,7 @@ class DeviceMemory:
             raise ValueError("give a budget or max_sessions")
         self.budget = min(limits)
         self.fixed = fixed_bytes(self.costs)
+        self._settle = settle or (lambda: None)
         self._leases: dict[str, Lease] = {}
         first = next(iter(self.worlds))
         for name, world in self.worlds.items():
@@ -177,6 +181,7 @@ class DeviceMemory:
         world = self.worlds[model_id]
         if world.free_rows >= 2:
             return
+        self._settle()
         grow = (2 - world.free_rows) * self.costs[model_id].row
         if self.pool_bytes() + grow > self.budget - self._plugin_bytes():
             for name in self.worlds:

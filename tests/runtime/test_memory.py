@@ -58,7 +58,8 @@ def test_rows_move_when_a_pool_shrinks_and_the_sessions_run_on(two):
     assert np.array_equal(committed(e, "z", keys("w")).frames, committed(ref, "z", keys("w")).frames)
 
 
-def test_fork_reset_and_remove_return_exactly_their_bytes(world):
+def test_fork_reset_and_remove_return_exactly_their_bytes():
+    world = small_world()
     e = Engine({"tiny": world}, max_streams=3)
     session = world.session_bytes()
     e.add_stream("s", "tiny", Conditioning(seed=1))
@@ -85,7 +86,8 @@ def test_a_failed_reset_keeps_the_old_state_and_its_charge(image_world):
     e.remove_stream("s")
 
 
-def test_one_world_sizes_its_pool_from_the_budget(world):
+def test_one_world_sizes_its_pool_from_the_budget():
+    world = small_world()  # its own: no other engine holds rows in its pool
     cost = world_costs(world, 0)
     budget = budget_for({"tiny": cost}, 5) + cost.session - 1
     e = Engine({"tiny": world}, max_streams=None, max_kv_bytes=budget)
