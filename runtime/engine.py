@@ -218,6 +218,13 @@ class Engine:
         self._side_outcomes += [self._cancelled(r, numbers[r.request_id]) for r in dropped]
         self._release(stream_id)
 
+    def close(self) -> None:
+        """Free every stream's device state (the engine is done: nothing runs after this).
+        Explicit, so a world an engine leaves behind has every row free for the next."""
+        for stream_id in list(self.runner.streams):
+            self.runner.remove(stream_id)
+            self._release(stream_id)
+
     def _settle(self) -> None:
         """Finish a decode still in flight and run the owed clean passes, so control calls see
         a committed world (outcomes go out with the next step)."""
@@ -466,6 +473,15 @@ class EngineThread:
             log.warning("= engine thread still inside a model call %.1f s after stop", timeout)
             return False
         return True
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """`stop`, then, once the thread has ended, free every stream's device state
+        (`Engine.close`), so the worlds have every row free for whoever uses them next. False
+        as `stop` (the thread is still inside a model call: its rows stay held)."""
+        stopped = self.stop(timeout)
+        if stopped:
+            self.engine.close()
+        return stopped
 
     def _guard_exit(self) -> None:
         """At interpreter exit. A daemon thread still inside torch when the interpreter

@@ -87,6 +87,7 @@ class Runtime:
         return cls(engine_thread, manager)
 
     async def stop(self) -> None:
-        """Close every session, then stop the engine thread (joined off the event loop)."""
+        """Close every session, then stop the engine thread (joined off the event loop) and free
+        the device state of whatever streams it still held."""
         await self.manager.shutdown()
-        await asyncio.get_running_loop().run_in_executor(None, self.engine_thread.stop)
+        await asyncio.get_running_loop().run_in_executor(None, self.engine_thread.close)

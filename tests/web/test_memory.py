@@ -62,6 +62,8 @@ def test_the_server_admits_by_the_budget_it_is_given() -> None:
             await runtime.stop()
 
     asyncio.run(main())
+    (world,) = worlds.values()
+    assert world.free_rows == world.max_sessions  # the stopped engine gave every row back
 
 
 def test_worlds_that_remember_count_their_atlases() -> None:
