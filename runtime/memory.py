@@ -6,7 +6,7 @@ world that remembers), that state: `World.session_bytes` counts both. `DeviceMem
 place that
 
 * sizes every loaded world's pool from one budget they all share,
-* admits a session by bytes (`CapacityError`, which the sessions answer `busy`),
+* admits a session by bytes (`OutOfBudget`, which the sessions answer `busy`),
 * names what each session holds (`Lease`) and gives it back explicitly when its stream is
   removed (no garbage-collector timing).
 
@@ -39,6 +39,10 @@ from runtime.errors import CapacityError
 
 if TYPE_CHECKING:
     from models.world import World, WorldState
+
+
+class OutOfBudget(CapacityError):
+    """A session's bytes do not fit the device budget now (the sessions answer `busy`)."""
 
 
 @dataclass
@@ -153,7 +157,7 @@ class DeviceMemory:
             raise ValueError(f"stream {stream_id} already holds device state")
         need = self.costs[model_id].session
         if need > self.free_bytes:
-            raise CapacityError(
+            raise OutOfBudget(
                 f"no room for another session of {model_id}: it needs {need} bytes and "
                 f"{max(0, self.free_bytes)} of the {self.budget}-byte device budget are free "
                 f"({len(self)} sessions live)"

@@ -27,6 +27,7 @@ from models.registry import UnknownModelError
 from models.world import Conditioning, ConditioningError
 from runtime.engine import EngineThread, StreamInfo
 from runtime.errors import CapacityError, EngineDeadError, StreamNotFound
+from runtime.memory import OutOfBudget
 from runtime.requests import DebugHooks
 from sessions import capacity
 from sessions.errors import InvalidInput, SessionBusy, SessionError, SessionFailed, SessionNotFound
@@ -145,9 +146,7 @@ class SessionManager:
         session = self._new(model_id, params.mode, params.max_ahead, cond)
         self._sessions[session.id] = session  # counts against the limit while the world is built
         try:
-            info: StreamInfo = await self._engine_call(
-                lambda: self.engine.add_stream(session.id, model_id, cond, params.debug)
-            )
+            info = await self._add_stream(session, model_id, cond, params.debug)
         except BaseException:
             self._sessions.pop(session.id, None)
             raise
@@ -156,6 +155,21 @@ class SessionManager:
         self._by_token[session.resume_token] = session
         self._ensure_sweeper()
         return session
+
+    async def _add_stream(
+        self, session: Session, model_id: str, cond: Conditioning, debug: DebugHooks | None
+    ) -> StreamInfo:
+        """The session's engine stream. While its bytes do not fit the device budget, detached
+        sessions give way, the longest-detached first, as they do at the session count."""
+        while True:
+            try:
+                return await self._engine_call(
+                    lambda: self.engine.add_stream(session.id, model_id, cond, debug)
+                )
+            except SessionBusy as exc:
+                # The eviction's remove reaches the engine before the next add (calls run in order).
+                if not isinstance(exc.__cause__, OutOfBudget) or not self._evict_detached():
+                    raise
 
     async def fork(self, src: Session) -> Session:
         """Copy `src`'s committed world into a new, detached session (attach with its token)."""

@@ -19,6 +19,7 @@ from models.world import World
 from runtime.engine import Engine
 from sessions.errors import SessionBusy
 from sessions.manager import OpenParams
+from sessions.session import SessionStatus
 from tests.runtime.conftest import small_world
 from web import memory
 from web.app import Runtime
@@ -44,7 +45,7 @@ def test_two_worlds_cost_their_largest_session_not_a_row_in_every_world() -> Non
 
 def test_the_server_admits_by_the_budget_it_is_given() -> None:
     """`device_memory` reaches the engine: with room for two sessions' bytes and sixteen allowed by
-    count, the third `open` is `busy`; closing one makes room."""
+    count, the third `open` is `busy`; closing one makes room, and so does a detached session."""
     worlds = {"tiny": small_world()}
     budget = pool_cost(worlds, pipelined=False).total(2)
 
@@ -57,7 +58,10 @@ def test_the_server_admits_by_the_budget_it_is_given() -> None:
             with pytest.raises(SessionBusy, match="bytes"):
                 await m.open(OpenParams(seed=3))
             await m.close(first)
-            await m.open(OpenParams(seed=3))
+            third = await m.open(OpenParams(seed=3))
+            third.detach()
+            fourth = await m.open(OpenParams(seed=4))  # the detached session gives way, as at the count
+            assert third.status is SessionStatus.EXPIRED and fourth.status is SessionStatus.OPENING
         finally:
             await runtime.stop()
 
