@@ -145,8 +145,11 @@ class KVPool(nn.Module):
 
     @torch.no_grad()
     def copy_rows_from(self, other: KVPool) -> None:
-        """Take over the session rows of a smaller pool of the same shape (growing a pool)."""
-        n = other.rows
+        """Take over the session rows and leases of a pool of the same row shape (resizing a
+        pool); shrinking, every held row must be below the new row count."""
+        n = min(self.rows, other.rows)
+        if any(row >= n for row in other.owner):
+            raise ValueError(f"a held row lies past the new pool's {n} rows")
         self.owner, self.leases = dict(other.owner), other.leases
         for mine, theirs in zip(self._buffers_of_rows(), other._buffers_of_rows(), strict=True):
             mine[:, :n].copy_(theirs[:, :n])

@@ -16,17 +16,16 @@
 * `decode(latents, state)` -> frames and a *new* decoder cache (the old one is untouched).
 
 `denoise` and `context` run one batched forward over every entry of a `ChunkIndex` (built by the
-runtime), optionally compiled with a fixed set of batch buckets. The K/V pool is static: `setup`
-sizes it once; a state owns a row until `release_state`. Nothing here advances a counter:
+runtime), optionally compiled with a fixed set of batch buckets. The K/V pool is static between
+resizes: the runtime's memory owner (runtime/memory.py) sizes it (`resize`) and a state owns a row
+until `release_state`, which frees it at once. Nothing here advances a counter:
 committing is the runtime's job. No loop over sessions, no I/O.
 """
 
 from __future__ import annotations
 
-import gc
 import hashlib
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
@@ -318,8 +317,7 @@ class World:
 
     def kv_bytes_per_session(self) -> int:
         """Device bytes of one session's pool row (see `CausalWanConfig.kv_bytes`)."""
-        itemsize = torch.empty(0, dtype=self.dtype).element_size()
-        return self.transformer.cfg.kv_bytes(self.tokens_per_frame, itemsize, slack_frames=self.slack_frames)
+        return self.row_bytes()
 
     def session_bytes(self) -> int:
         """Device bytes one session holds: its pool row and, where sessions remember
@@ -393,26 +391,64 @@ class World:
         """The pool row padding entries of a batch bucket use."""
         return self.transformer._pool().pad_row
 
+    def row_bytes(self, slack_frames: int | None = None) -> int:
+        """Device bytes of one pool row with `slack_frames` of ring slack (None: the pool's)."""
+        slack = self.slack_frames if slack_frames is None else slack_frames
+        itemsize = torch.empty(0, dtype=self.dtype).element_size()
+        return self.transformer.cfg.kv_bytes(self.tokens_per_frame, itemsize, slack_frames=slack)
+
+    def resize(self, rows: int, slack_frames: int, live: Iterable[WorldState] = ()) -> None:
+        """Rebuild the pool with `rows` session rows for the `live` states and `slack_frames` of
+        ring slack, keeping every held row's contents: a `live` state whose row would fall off the
+        end first moves to a free row; rows held by other states (another engine's on the same
+        world) stay where they are, on top of `rows`. The slack can change only while no row is
+        held."""
+        live = list(live)
+        pool = self.transformer.pool
+        if pool is not None and pool.owner and slack_frames != self.slack_frames:
+            raise ValueError(
+                f"{self.config.id}: the K/V pool's slack cannot change while "
+                f"{len(pool.owner)} sessions hold rows"
+            )
+        if pool is not None:
+            mine = {s.row for s in live}
+            others = set(pool.owner) - mine
+            rows = max(rows + len(others), max(others, default=-1) + 1)
+            free = iter(r for r in range(rows) if r not in mine and r not in others)
+            for state in sorted(live, key=lambda s: s.row):
+                if state.row >= rows:
+                    self._move_row(state, next(free))
+        _, h, w = self.latent_shape
+        new = self.transformer.setup_caches(
+            rows, h, w, dtype=self.dtype, device=self.device, slack_frames=slack_frames
+        )
+        if pool is not None:
+            new.leases = pool.leases  # leases stay unique across the rebuild
+            if pool.owner:
+                new.copy_rows_from(pool)
+        if self.buckets is not None:
+            self._mark_pool_static()
+
+    def _move_row(self, state: WorldState, row: int) -> None:
+        pool = self.transformer._pool()
+        pool.copy_row(state.row, row)
+        del pool.owner[state.row]
+        pool.owner[row] = state.lease
+        state.row = row
+
     def _lease_row(self) -> tuple[int, int]:
-        """A free row and a fresh lease on it. A full pool first collects garbage once: a state
-        dropped without `release_state` (an abandoned engine) gives its row back when collected."""
+        """A free row and a fresh lease on it (a ModelError when every row is held: the runtime's
+        memory owner sizes the pool so that an admitted session always finds one)."""
         if self.transformer.pool is None:
             self.setup(DEFAULT_MAX_SESSIONS)
-        for attempt in range(2):
-            pool = self.transformer._pool()
-            free = [r for r in range(pool.rows) if r not in pool.owner]
-            if free:
-                lease = next(pool.leases)
-                pool.owner[free[0]] = lease
-                pool.clear_row(free[0])
-                return free[0], lease
-            if attempt == 0:
-                gc.collect()
-        raise ModelError(f"all {self.max_sessions} K/V pool rows are taken")
-
-    def _track(self, state: WorldState) -> WorldState:
-        weakref.finalize(state, self._free_row, state.row, state.lease)
-        return state
+        pool = self.transformer._pool()
+        free = [r for r in range(pool.rows) if r not in pool.owner]
+        if not free:
+            raise ModelError(f"all {self.max_sessions} K/V pool rows are taken")
+        lease = next(pool.leases)
+        pool.owner[free[0]] = lease
+        pool.clear_row(free[0])
+        return free[0], lease
 
     def _free_row(self, row: int, lease: int) -> None:
         owner = self.transformer._pool().owner
@@ -498,8 +534,7 @@ class World:
         start_latents = self._start_latents(cond)
         row, lease = self._lease_row()
         self.transformer.set_text(row, text.to(self.device, self.dtype))
-        state = WorldState(row, lease, self.decoder.init_cache(), int(cond.seed), start_latents=start_latents)
-        return self._track(state)
+        return WorldState(row, lease, self.decoder.init_cache(), int(cond.seed), start_latents=start_latents)
 
     def _init_i2v(self, cond: Conditioning) -> WorldState:
         """An I2V world (Matrix-Game): the start frame conditions every chunk instead of being
@@ -528,7 +563,7 @@ class World:
         except Exception:
             self._free_row(row, lease)
             raise
-        return self._track(WorldState(row, lease, self.decoder.init_cache(), int(cond.seed)))
+        return WorldState(row, lease, self.decoder.init_cache(), int(cond.seed))
 
     def _start_latents(self, cond: Conditioning) -> torch.Tensor | None:
         if self.config.image_start:
@@ -555,7 +590,7 @@ class World:
         written in place, so they are shared."""
         row, lease = self._lease_row()
         self.transformer._pool().copy_row(state.row, row)
-        return self._track(replace(state, row=row, lease=lease))
+        return replace(state, row=row, lease=lease)
 
     def noise(self, seed: int, chunk: int, step: int, n_frames: int) -> torch.Tensor:
         """Deterministic noise (C, n, h, w) for one session's chunk and step.

@@ -32,10 +32,10 @@ import torch
 
 from models.actions import FrameAction
 from models.registry import UnknownModelError
-from models.world import Conditioning, World
+from models.world import Conditioning, ModelSpec, World
 from runtime import metrics
 from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
-from runtime.kv_cache import KVBudget
+from runtime.memory import DeviceMemory
 from runtime.plan import StepPlan
 from runtime.requests import (
     ChunkCancelled,
@@ -67,6 +67,7 @@ class StreamInfo:
     latent_frames: int  # committed latent frames (KV length)
     video_frames: int  # committed video frames
     kv_bytes: int  # device bytes of its K/V pool row
+    session_bytes: int  # device bytes charged for it: its row and its plug-in state (runtime/memory.py)
     frame: np.ndarray | None = field(default=None, repr=False)  # (H, W, 3) uint8 start frame, if prefilled
 
 
@@ -78,7 +79,7 @@ class Engine:
         worlds: dict[str, World],
         *,
         max_batch: int = 4,
-        max_streams: int = 16,
+        max_streams: int | None = 16,
         max_kv_bytes: int | None = None,
         max_queued_per_stream: int = 8,
         boundary_hook: BoundaryHook | None = None,
@@ -86,7 +87,10 @@ class Engine:
         pipeline: bool | None = None,
         defer_context: bool | None = None,
     ) -> None:
-        """`pipeline`: decode each batch on a side stream while the next batch denoises (see
+        """`max_kv_bytes`: the device budget of every world's sessions together, pools included
+        (runtime/memory.py); `max_streams`: the budget holds that many sessions of the largest
+        world (with both: the smaller budget). Admission is by bytes.
+        `pipeline`: decode each batch on a side stream while the next batch denoises (see
         runtime/runner.py); None (the default) turns it on when a world runs on CUDA.
         `defer_context`: run each chunk's clean pass after its frames are out (runtime/runner.py);
         None (the default) defers when not pipelined."""
@@ -101,14 +105,15 @@ class Engine:
         for name, world in worlds.items():
             if world.buckets is not None and max_batch > world.buckets[-1]:
                 raise ValueError(f"max_batch {max_batch} exceeds {name}'s largest compiled bucket")
-            # One K/V pool row per stream the budget admits, plus one so a reset can build the
-            # new world before it lets go of the old one; pipelined, a chunk of ring slack.
-            world.setup(max_streams + 1, slack_frames=world.chunk_frames if pipeline else 0)
+        # Pipelined, every pool row has a chunk of ring slack (runtime/kv_cache.py).
+        slack = {name: w.chunk_frames if pipeline else 0 for name, w in worlds.items()}
+        self.memory = DeviceMemory(
+            worlds, max_kv_bytes, max_sessions=max_streams, slack_frames=slack, settle=self._settle
+        )
         self.runner = Runner(
             worlds, self.is_aborted, boundary_hook, pipeline=pipeline, defer_context=defer_context
         )
         self.scheduler = scheduler or FairScheduler(self._shape_of, max_batch)
-        self.budget = KVBudget(max_streams, max_kv_bytes)
         self.max_queued = max_queued_per_stream
         self._side_outcomes: list[Outcome] = []  # produced by control calls; returned by the next step()
         self.throughput = ThroughputMeter()  # measured chunks/s per world (admission reads it)
@@ -153,41 +158,43 @@ class Engine:
             raise StreamNotFound(stream_id)
         return stream
 
-    def _reserve(self, stream_id: str, world: World) -> None:
-        if self.budget.allocate(stream_id, world.session_bytes()) is None:
-            raise CapacityError(
-                f"no room for another world ({len(self.budget)} of {self.budget.max_streams} live, "
-                f"{self.budget.used_bytes} bytes reserved)"
-            )
-        metrics.STREAMS.set(len(self.budget))
-        metrics.KV_BYTES.set(self.budget.used_bytes)
+    def _reserve(self, stream_id: str, model_id: str) -> None:
+        self.memory.admit(stream_id, model_id)  # CapacityError: the bytes do not fit
+        self._observe_memory()
+
+    def _observe_memory(self) -> None:
+        metrics.STREAMS.set(len(self.memory))
+        metrics.KV_BYTES.set(self.memory.used_bytes)
 
     def add_stream(
         self, stream_id: str, model_id: str, cond: Conditioning, debug: DebugHooks | None = None
     ) -> StreamInfo:
-        """Create a world for a new stream (takes a row of the world's K/V pool)."""
-        world = self._world(model_id)
+        """Create a world for a new stream (admitted by bytes; takes a row of the world's pool)."""
+        self._world(model_id)
         if stream_id in self.runner.streams:
             raise ValueError(f"stream {stream_id} exists")
-        self._reserve(stream_id, world)
+        self._reserve(stream_id, model_id)
         try:
             frame = self.runner.add(stream_id, model_id, cond, debug or DebugHooks())
         except Exception:
             self._release(stream_id)
             raise
+        self.memory.bind(stream_id, self.runner.streams[stream_id].state)
         return replace(self.info(stream_id), frame=frame)
 
     def fork_stream(self, src_id: str, dst_id: str) -> StreamInfo:
         """A new stream holding a copy of `src_id`'s committed world."""
         src = self._stream(src_id)
+        if dst_id in self.runner.streams:
+            raise ValueError(f"stream {dst_id} exists")
         self._settle()
-        world = self._world(src.model_id)
-        self._reserve(dst_id, world)
+        self._reserve(dst_id, src.model_id)
         try:
-            self.runner.fork(src_id, dst_id)
+            dst = self.runner.fork(src_id, dst_id)
         except Exception:
             self._release(dst_id)
             raise
+        self.memory.bind(dst_id, dst.state)
         return self.info(dst_id)
 
     def reset_stream(self, stream_id: str, cond: Conditioning) -> StreamInfo:
@@ -196,7 +203,8 @@ class Engine:
         self._stream(stream_id)
         self._settle()
         self._side_outcomes += self._drop({r.request_id for r in self.scheduler.pending(stream_id)})
-        frame = self.runner.reset(stream_id, cond)
+        frame = self.runner.reset(stream_id, cond)  # the new state takes the pool's spare row
+        self.memory.bind(stream_id, self.runner.streams[stream_id].state)
         return replace(self.info(stream_id), frame=frame)
 
     def remove_stream(self, stream_id: str) -> None:
@@ -210,6 +218,13 @@ class Engine:
         self._side_outcomes += [self._cancelled(r, numbers[r.request_id]) for r in dropped]
         self._release(stream_id)
 
+    def close(self) -> None:
+        """Free every stream's device state (the engine is done: nothing runs after this).
+        Explicit, so a world an engine leaves behind has every row free for the next."""
+        for stream_id in list(self.runner.streams):
+            self.runner.remove(stream_id)
+            self._release(stream_id)
+
     def _settle(self) -> None:
         """Finish a decode still in flight and run the owed clean passes, so control calls see
         a committed world (outcomes go out with the next step)."""
@@ -218,16 +233,16 @@ class Engine:
             self._side_outcomes += self._finish(self.runner.decode())
 
     def _release(self, stream_id: str) -> None:
-        self.budget.free(stream_id)
-        metrics.STREAMS.set(len(self.budget))
-        metrics.KV_BYTES.set(self.budget.used_bytes)
+        self.memory.release(stream_id)
+        self._observe_memory()
 
     def info(self, stream_id: str) -> StreamInfo:
         """The stream's committed position."""
         s = self._stream(stream_id)
         st = s.state
         kv = self.worlds[s.model_id].kv_bytes_per_session()
-        return StreamInfo(stream_id, s.model_id, st.chunks, st.frames, st.video_frames, kv)
+        charged = self.memory.lease(stream_id).nbytes
+        return StreamInfo(stream_id, s.model_id, st.chunks, st.frames, st.video_frames, kv, charged)
 
     def world_of(self, stream_id: str) -> World:
         """The world a stream runs on."""
@@ -459,6 +474,15 @@ class EngineThread:
             return False
         return True
 
+    def close(self, timeout: float = 10.0) -> bool:
+        """`stop`, then, once the thread has ended, free every stream's device state
+        (`Engine.close`), so the worlds have every row free for whoever uses them next. False
+        as `stop` (the thread is still inside a model call: its rows stay held)."""
+        stopped = self.stop(timeout)
+        if stopped:
+            self.engine.close()
+        return stopped
+
     def _guard_exit(self) -> None:
         """At interpreter exit. A daemon thread still inside torch when the interpreter
         finalizes kills the process ("terminate called without an active exception", SIGABRT),
@@ -514,6 +538,46 @@ class EngineThread:
                 self._calls.discard(fut)
             raise
         return fut
+
+    # -- the engine's interface for sessions ----------------------------------------------------
+
+    def new_request_id(self) -> int:
+        """A fresh chunk request id (thread-safe; see `Engine.new_request_id`)."""
+        return self.engine.new_request_id()
+
+    def specs(self) -> dict[str, ModelSpec]:
+        """The loaded worlds' specs by model id (fixed for the engine's life: read anywhere)."""
+        return {name: world.spec for name, world in self.engine.worlds.items()}
+
+    def prompt_problem(self, model_id: str, prompt: str) -> str | None:
+        """Why `model_id` cannot take `prompt` (None: it can); reads no tensor."""
+        return self.engine.worlds[model_id].prompt_problem(prompt)
+
+    def rate(self, model_id: str) -> float | None:
+        """The measured chunks/s of `model_id`'s batches (None until measured)."""
+        return self.engine.throughput.rate(model_id)
+
+    def add_stream(
+        self, stream_id: str, model_id: str, cond: Conditioning, debug: DebugHooks | None = None
+    ) -> asyncio.Future[StreamInfo]:
+        """`Engine.add_stream` on the engine thread (admitted by bytes: CapacityError when full)."""
+        return self.call(self.engine.add_stream, stream_id, model_id, cond, debug)
+
+    def fork_stream(self, src_id: str, dst_id: str) -> asyncio.Future[StreamInfo]:
+        """`Engine.fork_stream` on the engine thread: one call copies a stream's committed world."""
+        return self.call(self.engine.fork_stream, src_id, dst_id)
+
+    def reset_stream(self, stream_id: str, cond: Conditioning) -> asyncio.Future[StreamInfo]:
+        """`Engine.reset_stream` on the engine thread."""
+        return self.call(self.engine.reset_stream, stream_id, cond)
+
+    def remove_stream(self, stream_id: str) -> asyncio.Future[None]:
+        """`Engine.remove_stream` on the engine thread (frees the stream's device state)."""
+        return self.call(self.engine.remove_stream, stream_id)
+
+    def info(self, stream_id: str) -> asyncio.Future[StreamInfo]:
+        """`Engine.info` on the engine thread."""
+        return self.call(self.engine.info, stream_id)
 
     def submit(self, request: ChunkRequest) -> asyncio.Future[Outcome]:
         """Queue a chunk; the future resolves with its outcome (or raises the submit error)."""

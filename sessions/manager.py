@@ -18,6 +18,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from models.registry import UnknownModelError
 from models.world import Conditioning, ConditioningError
 from runtime.engine import EngineThread, StreamInfo
 from runtime.errors import CapacityError, EngineDeadError, StreamNotFound
+from runtime.memory import OutOfBudget
 from runtime.requests import DebugHooks
 from sessions import capacity
 from sessions.errors import InvalidInput, SessionBusy, SessionError, SessionFailed, SessionNotFound
@@ -33,6 +35,7 @@ from sessions.events import ClosedEvent, DoneEvent, ErrorEvent, FramesEvent, Rea
 from sessions.session import Mode, Session, SessionStatus, Sink
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ONESHOT_IN_FLIGHT = 4  # one-shot chunks queued at once: keeps the engine fed, never floods its queue
 
@@ -96,14 +99,14 @@ class SessionManager:
 
     def models(self) -> dict[str, object]:
         """Specs of the loaded models by id."""
-        return {name: w.spec for name, w in self.engine.engine.worlds.items()}
+        return dict(self.engine.specs())
 
     # -- open / fork / close --------------------------------------------------------------------
 
     def _check_prompt(self, model_id: str, prompt: str | None) -> None:
         """invalid_field for a prompt the world cannot take (no text, unknown prompt); reads no tensor."""
         if prompt:
-            problem = self.engine.engine.worlds[model_id].prompt_problem(prompt)
+            problem = self.engine.prompt_problem(model_id, prompt)
             if problem is not None:
                 raise InvalidInput(problem, field="prompt")
 
@@ -117,7 +120,7 @@ class SessionManager:
             self.engine,
             session_id=uuid.uuid4().hex,
             resume_token=secrets.token_urlsafe(32),  # 256 bits
-            spec=self.engine.engine.worlds[model_id].spec,
+            spec=self.engine.specs()[model_id],
             mode=mode,
             max_ahead=max_ahead,
             cond=cond,
@@ -128,8 +131,9 @@ class SessionManager:
     async def open(self, params: OpenParams) -> Session:
         """Create a session and its world. Raises SessionBusy / SessionNotFound / InvalidInput."""
         model_id = params.model or self.default_model
-        if model_id not in self.engine.engine.worlds:
-            raise SessionNotFound(f"unknown model {model_id!r}; loaded: {sorted(self.engine.engine.worlds)}")
+        specs = self.engine.specs()
+        if model_id not in specs:
+            raise SessionNotFound(f"unknown model {model_id!r}; loaded: {sorted(specs)}")
         if params.debug is not None and not self.allow_debug_hooks:
             raise InvalidInput(
                 "debug hooks are off on this server (start it with --debug-hooks)", field="debug"
@@ -142,9 +146,7 @@ class SessionManager:
         session = self._new(model_id, params.mode, params.max_ahead, cond)
         self._sessions[session.id] = session  # counts against the limit while the world is built
         try:
-            info: StreamInfo = await self._engine_call(
-                self.engine.engine.add_stream, session.id, model_id, cond, params.debug
-            )
+            info = await self._add_stream(session, model_id, cond, params.debug)
         except BaseException:
             self._sessions.pop(session.id, None)
             raise
@@ -154,6 +156,21 @@ class SessionManager:
         self._ensure_sweeper()
         return session
 
+    async def _add_stream(
+        self, session: Session, model_id: str, cond: Conditioning, debug: DebugHooks | None
+    ) -> StreamInfo:
+        """The session's engine stream. While its bytes do not fit the device budget, detached
+        sessions give way, the longest-detached first, as they do at the session count."""
+        while True:
+            try:
+                return await self._engine_call(
+                    lambda: self.engine.add_stream(session.id, model_id, cond, debug)
+                )
+            except SessionBusy as exc:
+                # The eviction's remove reaches the engine before the next add (calls run in order).
+                if not isinstance(exc.__cause__, OutOfBudget) or not self._evict_detached():
+                    raise
+
     async def fork(self, src: Session) -> Session:
         """Copy `src`'s committed world into a new, detached session (attach with its token)."""
         src._check_live()
@@ -162,17 +179,11 @@ class SessionManager:
         dst = self._new(src.spec.id, src.mode, src.max_ahead, src.cond)
         self._sessions[dst.id] = dst
         try:
-            info: StreamInfo = await self._engine_call(self.engine.engine.fork_stream, src.id, dst.id)
+            info: StreamInfo = await self._engine_call(lambda: self.engine.fork_stream(src.id, dst.id))
         except BaseException:
             self._sessions.pop(dst.id, None)
             raise
-        # the fork continues the source's numbering from its committed position
-        dst._chunk_base = src._chunk_base
-        dst._frame_base = src._frame_base
-        dst.last_chunk = dst.acked = src._chunk_base + info.chunks
-        dst.frames_out = src._frame_base + info.video_frames
-        dst.frame = src.frame
-        dst.detach()
+        dst.forked_from(src, info)
         self._by_token[dst.resume_token] = dst
         return dst
 
@@ -186,8 +197,8 @@ class SessionManager:
                 need[s.spec.id] += capacity.chunks_per_s(s.spec)
         if not need:
             return  # the only realtime session gets what the device gives, even below its fps
-        need[model_id] += capacity.chunks_per_s(self.engine.engine.worlds[model_id].spec)
-        rates = {m: self.engine.engine.throughput.rate(m) for m in need}
+        need[model_id] += capacity.chunks_per_s(self.engine.specs()[model_id])
+        rates = {m: self.engine.rate(m) for m in need}
         reason = capacity.refusal(self.realtime_headroom, need, rates, model_id)
         if reason is not None:
             raise SessionBusy(reason)
@@ -212,12 +223,13 @@ class SessionManager:
         self._by_token.pop(session.resume_token, None)
         self.engine.cancel_stream(session.id)
         with contextlib.suppress(EngineDeadError, CapacityError):
-            fut = self.engine.call(self.engine.engine.remove_stream, session.id)
+            fut = self.engine.remove_stream(session.id)
             fut.add_done_callback(_ignore_result)
 
-    async def _engine_call(self, fn, *args):
+    async def _engine_call(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Await an engine call (made inside, so its synchronous refusals map the same way)."""
         try:
-            return await self.engine.call(fn, *args)
+            return await call()
         except CapacityError as exc:
             raise SessionBusy(str(exc)) from exc
         except UnknownModelError as exc:

@@ -197,6 +197,17 @@ class Session:
         self._pump()
         return resend
 
+    def forked_from(self, src: Session, info: StreamInfo) -> None:
+        """This new session holds a copy of `src`'s committed world (`info`: the engine's fork):
+        its numbering continues `src`'s from there, its frame is `src`'s, and it starts detached
+        (a client attaches with its token)."""
+        self._chunk_base = src._chunk_base
+        self._frame_base = src._frame_base
+        self.last_chunk = self.acked = src._chunk_base + info.chunks
+        self.frames_out = src._frame_base + info.video_frames
+        self.frame = src.frame
+        self.detach()
+
     def detach(self) -> None:
         """The client's socket went away: keep the world, stop generating."""
         if self.status.is_finished:
@@ -312,7 +323,7 @@ class Session:
         self._resetting = True
         try:
             try:
-                info = await self._et.call(_reset, self._et, self.id, cond)
+                info = await self._et.reset_stream(self.id, cond)
             except (StreamNotFound, EngineDeadError) as exc:
                 if self.status.is_finished:
                     return  # the session ended meanwhile: `closed` answered the reset
@@ -359,7 +370,7 @@ class Session:
         seq: int | None = None,
         actions: list[FrameAction] | None = None,
     ) -> None:
-        rid = self._et.engine.new_request_id()
+        rid = self._et.new_request_id()
         source = ChunkSource(self.buffer) if kind == "realtime" else None
         request = ChunkRequest(self.id, rid, actions=actions, source=source, submitted_at=time.perf_counter())
         try:
@@ -442,8 +453,3 @@ class Session:
                     entry.seq,
                 )
             )
-
-
-def _reset(et: EngineThread, stream_id: str, cond: Conditioning) -> StreamInfo:
-    """Engine-thread side of `Session.reset`."""
-    return et.engine.reset_stream(stream_id, cond)

@@ -46,6 +46,7 @@ class Runtime:
         max_batch: int = 4,
         realtime_headroom: float | None = None,
         max_sessions: int = 16,
+        device_memory: int | None = None,
         overlap_decode: bool | None = None,
         defer_clean_pass: bool | None = None,
         detach_ttl_s: float = 60.0,
@@ -57,7 +58,9 @@ class Runtime:
         ``defer_clean_pass`` None = each chunk's clean pass runs after its frames are out unless
         the decode overlaps (runtime/runner.py);
         ``threads``: the engine thread's torch threads (`EngineThread`; None: the process's);
-        ``realtime_headroom``: realtime admission (`SessionManager`; None: off)."""
+        ``realtime_headroom``: realtime admission (`SessionManager`; None: off);
+        ``device_memory``: bytes for every world's sessions together, the budget the engine sizes
+        its pools from and admits by (runtime/memory.py; None: room for ``max_sessions``)."""
         if not worlds:
             raise ValueError("no worlds to serve")
         default = default_model or next(iter(worlds))
@@ -67,6 +70,7 @@ class Runtime:
             dict(worlds),
             max_batch=max_batch,
             max_streams=max_sessions,
+            max_kv_bytes=device_memory,
             pipeline=overlap_decode,
             defer_context=defer_clean_pass,
         )
@@ -83,6 +87,7 @@ class Runtime:
         return cls(engine_thread, manager)
 
     async def stop(self) -> None:
-        """Close every session, then stop the engine thread (joined off the event loop)."""
+        """Close every session, then stop the engine thread (joined off the event loop) and free
+        the device state of whatever streams it still held."""
         await self.manager.shutdown()
-        await asyncio.get_running_loop().run_in_executor(None, self.engine_thread.stop)
+        await asyncio.get_running_loop().run_in_executor(None, self.engine_thread.close)

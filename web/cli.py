@@ -352,9 +352,12 @@ def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World]:
         raise StartupError(f"cannot load {', '.join(names)}: {exc}") from exc
 
 
-def _sessions_that_fit(worlds: dict[str, World], args: argparse.Namespace, requested: int) -> int:
+def _sessions_that_fit(
+    worlds: dict[str, World], args: argparse.Namespace, requested: int
+) -> tuple[int, memory.Budget]:
     """``requested`` sessions, or fewer when their K/V state would not fit the device-memory budget
-    (web.memory: one warning line says so); a StartupError when not even one fits."""
+    (web.memory: one warning line says so), and that budget (the engine sizes its pools from it);
+    a StartupError when not even one session fits."""
     pipelined = SWITCH[getattr(args, "overlap_decode", "auto")]
     if pipelined is None:  # the engine's own default (runtime/engine.py)
         pipelined = any(w.device.type == "cuda" for w in worlds.values())
@@ -371,7 +374,7 @@ def _sessions_that_fit(worlds: dict[str, World], args: argparse.Namespace, reque
             memory.format_bytes(budget.nbytes),
             budget.source,
         )
-    return fits
+    return fits, budget
 
 
 # -- serve --------------------------------------------------------------------------------------
@@ -387,7 +390,7 @@ def _serve(args: argparse.Namespace) -> int:
     check_bind(args.host, args.port)
     args.engine_threads = _engine_threads(args.threads)
     worlds = _load(args.model or [DEFAULT_MODEL], args)
-    max_sessions = _sessions_that_fit(worlds, args, args.max_sessions)
+    max_sessions, budget = _sessions_that_fit(worlds, args, args.max_sessions)
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -395,6 +398,7 @@ def _serve(args: argparse.Namespace) -> int:
         debug_hooks=args.debug_hooks,
         default_model=next(iter(worlds)),
         max_sessions=max_sessions,
+        device_memory=budget.nbytes,
         detach_ttl_s=args.detach_ttl,
         max_batch=args.max_batch,
         realtime_headroom=args.realtime_headroom,

@@ -30,6 +30,8 @@ class ServerConfig:
     default_model: str | None = None  # None: the first loaded world
     max_sessions: int = 16  # live sessions, detached ones included (an `open` at the limit
     # closes the longest-detached one instead of answering `busy`)
+    device_memory: int | None = None  # bytes of every world's session state together (the engine
+    # sizes its pools from it and answers `busy` by it); None: room for max_sessions
     detach_ttl_s: float = 60.0  # how long a detached session waits for a resume
     max_connections: int = 64  # open websockets; a handshake past it gets HTTP 503
     max_connections_per_address: int | None = None  # ... from one client address (IPv6: its /64),

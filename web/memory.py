@@ -1,12 +1,12 @@
-"""How many sessions fit in the device's memory, worked out before the engine allocates anything.
+"""The device-memory budget of the sessions' state, and what it holds, before anything is allocated.
 
-The engine reserves each world's K/V pool up front: one row per session it admits, one so a reset
-can build the new state before it frees the old one (runtime/engine.py), and the padding row a
-batch bucket's padding entries write to (models/kv_pool.py). At a published size a row is
-gigabytes (Self-Forcing at 480x832: 12.3 GB in float32; 7.0 GB in bfloat16 with the pipelined
-decode's slack), so `serve`'s defaults could ask for more than any device has. `fit_sessions`
-lowers the session count to what the budget holds, or says in one line what one session needs
-when not even that fits.
+The engine's memory owner (runtime/memory.py) sizes every world's K/V pool from one budget that
+all loaded worlds share and admits sessions by bytes; this module works out that budget
+(`device_budget`) for `serve` to pass on, and, with the owner's own figures, how many sessions it
+holds. At a published size a row is gigabytes (Self-Forcing at 480x832: 12.3 GB in float32;
+7.0 GB in bfloat16 with the pipelined decode's slack), so `serve`'s defaults could ask for more
+than any device has. `fit_sessions` lowers the session count to what the budget holds, or says in
+one line what one session needs when not even that fits.
 
 The budget, unless ``--device-memory`` gives it:
 
@@ -35,7 +35,6 @@ __all__ = ["Budget", "PoolCost", "device_budget", "fit_sessions", "format_bytes"
 
 CUDA_MARGIN = 0.10  # share of the device's total memory kept free of the pool
 CUDA_MARGIN_MIN = 2 * 2**30  # bytes, the least margin on a small device
-SPARE_ROWS = 2  # rows of every pool that hold no session: a reset's new state, the padding row
 CPU_SHARE = 0.5  # share of the available RAM the pool may take
 MEMINFO = Path("/proc/meminfo")
 CGROUP = Path("/sys/fs/cgroup")  # cgroup v2: memory.max and memory.current
@@ -53,8 +52,8 @@ class Budget:
 class PoolCost:
     """Device bytes the engine reserves for its sessions' state."""
 
-    per_session: int  # each admitted session: a pool row in every world, and its largest atlas
-    fixed: int  # whatever the count: the reset and padding rows of every world's pool
+    per_session: int  # the largest world's session: its pool row and its plug-in state (atlas)
+    fixed: int  # whatever the count: the spare (a reset's) and padding rows of every world's pool
 
     def total(self, sessions: int) -> int:
         """Bytes reserved for ``sessions`` sessions."""
@@ -66,17 +65,13 @@ class PoolCost:
 
 
 def pool_cost(worlds: Mapping[str, World], pipelined: bool) -> PoolCost:
-    """What the engine will reserve for ``worlds`` (loaded, before any pool exists): rows as
-    `World.kv_bytes_per_session` counts them, with a chunk of ring slack when ``pipelined``
-    (as `Engine` sets them up), and the atlases of worlds that remember (`World.session_bytes`)."""
-    rows = 0
-    atlas = 0
-    for world in worlds.values():
-        itemsize = world.dtype.itemsize
-        slack = world.chunk_frames if pipelined else 0
-        rows += world.transformer.cfg.kv_bytes(world.tokens_per_frame, itemsize, slack_frames=slack)
-        atlas = max(atlas, world.session_bytes() - world.kv_bytes_per_session())
-    return PoolCost(per_session=rows + atlas, fixed=SPARE_ROWS * rows)
+    """What the engine's memory owner charges for ``worlds`` (loaded, before any pool exists):
+    rows with a chunk of ring slack when ``pipelined`` (as `Engine` sets them up), sessions with
+    their plug-in state (`World.session_bytes`); the figures of runtime/memory.py."""
+    from runtime.memory import fixed_bytes, world_costs
+
+    costs = {name: world_costs(w, w.chunk_frames if pipelined else 0) for name, w in worlds.items()}
+    return PoolCost(per_session=max(c.session for c in costs.values()), fixed=fixed_bytes(costs))
 
 
 def device_budget(device: str, given: int | None = None) -> Budget:
@@ -134,10 +129,10 @@ def fit_sessions(
     if "float32" in dtypes:
         hints.insert(0, "--dtype bfloat16 (half the bytes)")
     if len(worlds) > 1:
-        hints.append("fewer --model worlds (every world reserves rows for every session)")
+        hints.append("fewer --model worlds (every world's pool keeps a spare and a padding row)")
     raise StartupError(
         f"one session of {', '.join(worlds)} needs {format_bytes(cost.total(1))} of {device} memory "
-        f"for its K/V state in {'/'.join(sorted(dtypes))} (its rows and the spare ones every pool keeps), "
+        f"for its K/V state in {'/'.join(sorted(dtypes))} (its row and the spare ones every pool keeps), "
         f"but the budget is {format_bytes(budget.nbytes)} ({budget.source}); "
         f"try {', or '.join(hints)}"
     )

@@ -85,6 +85,7 @@ class Server:
             max_batch=cfg.max_batch,
             realtime_headroom=cfg.realtime_headroom,
             max_sessions=cfg.max_sessions,
+            device_memory=cfg.device_memory,
             overlap_decode=cfg.overlap_decode,
             defer_clean_pass=cfg.defer_clean_pass,
             detach_ttl_s=cfg.detach_ttl_s,

@@ -3,6 +3,8 @@ never reads a device value on the host."""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -83,11 +85,34 @@ def test_fork_copies_a_row_and_release_frees_it():
     assert c.row == a.row
     world.release_state(a)  # a stale holder never frees the row its successor holds
     assert world.free_rows == 0
-    del b  # dropped without release (an abandoned engine): the row comes back when collected
+    row_of_b = b.row
+    del b  # dropped without release: its row stays held (rows come back only by release_state)
+    gc.collect()
+    with pytest.raises(Exception, match="rows"):
+        world.init_state(Conditioning(seed=3))
+    world._free_row(row_of_b, pool.owner[row_of_b])
     d = world.init_state(Conditioning(seed=3))
     world.setup(4)  # growing keeps live rows
     assert torch.equal(pool.k[:, 0], world.transformer.pool.k[:, 0]) and world.free_rows == 2
     assert {c.row, d.row} == {0, 1}
+
+
+def test_resizing_moves_live_rows_down_and_keeps_other_holders_rows():
+    world = build_world(*tiny_random_configs(), seed=0)
+    world.resize(4, 0)
+    states = [world.init_state(Conditioning(seed=s)) for s in range(4)]
+    pool = world.transformer.pool
+    for s in states:
+        pool.k[:, s.row] = float(s.seed)
+    for s in states[:2]:
+        world.release_state(s)
+    mine, other = states[3], states[2]  # rows 3 and 2; `other` belongs to another holder
+    world.resize(1, 0, live=[mine])  # one row for mine, on top of the row the other holds
+    pool = world.transformer.pool
+    assert pool.rows == 3  # row 2 stays where it is, so the pool keeps it
+    assert mine.row == 0 and other.row == 2 and pool.owner == {0: mine.lease, 2: other.lease}
+    assert torch.equal(pool.k[:, mine.row], torch.full_like(pool.k[:, 0], 3.0))
+    assert torch.equal(pool.k[:, other.row], torch.full_like(pool.k[:, 0], 2.0))
 
 
 class HostSyncError(AssertionError):

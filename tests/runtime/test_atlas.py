@@ -211,10 +211,12 @@ def test_a_sessions_atlas_counts_in_the_engines_byte_budget(mapped, plain):
     atlas = 2 * mapped.cartographer.nbytes(4)  # the committed version and a chunk's in flight
     assert mapped.session_bytes() == mapped.kv_bytes_per_session() + atlas
     assert plain.session_bytes() == plain.kv_bytes_per_session()
-    engine = Engine({"m": mapped}, max_kv_bytes=mapped.session_bytes())
+    spare_and_padding = 2 * mapped.kv_bytes_per_session()
+    engine = Engine({"m": mapped}, max_kv_bytes=spare_and_padding + mapped.session_bytes())
     engine.add_stream("a", "m", Conditioning(seed=1))
-    assert engine.budget.used_bytes == mapped.session_bytes()
+    assert engine.memory.used_bytes == mapped.session_bytes()
     assert engine.runner.streams["a"].state.atlas.nbytes == mapped.cartographer.nbytes(4)
-    tight = Engine({"m": mapped}, max_kv_bytes=mapped.session_bytes() - 1)
+    engine.remove_stream("a")
+    tight = Engine({"m": mapped}, max_kv_bytes=spare_and_padding + mapped.session_bytes() - 1)
     with pytest.raises(CapacityError):
         tight.add_stream("a", "m", Conditioning(seed=1))

@@ -253,7 +253,7 @@ def test_a_failing_prefill_leaves_nothing_behind(image_world, monkeypatch):
     monkeypatch.setattr(image_world, "context", broken)
     with pytest.raises(RuntimeError, match="prefill exploded"):
         e.add_stream("s", "tiny-image", Conditioning(seed=4))
-    assert "s" not in e.runner.streams and len(e.budget) == 1
+    assert "s" not in e.runner.streams and len(e.memory) == 1
     with pytest.raises(RuntimeError, match="prefill exploded"):
         e.reset_stream("ok", Conditioning(seed=9))
     assert_same_snapshot(before, snapshot(e, "ok"))  # the old world stays
@@ -399,16 +399,11 @@ def test_actions_outside_the_documented_range_are_refused(world, action, field):
 
 def test_remove_stream_frees_device_state_before_the_budget(world):
     e = make_engine(world)
-    gc.collect()  # rows of other tests' abandoned engines come back now, not during the test
-    gc.disable()
-    try:
-        free = world.free_rows
-        e.add_stream("a", "tiny", Conditioning())
-        assert world.free_rows == free - 1
-        e.remove_stream("a")
-        assert world.free_rows == free and len(e.budget) == 0  # the pool row is back, no GC needed
-    finally:
-        gc.enable()
+    free = world.free_rows
+    e.add_stream("a", "tiny", Conditioning())
+    assert world.free_rows == free - 1
+    e.remove_stream("a")
+    assert world.free_rows == free and len(e.memory) == 0  # the pool row is back, no GC needed
 
 
 def test_client_image_must_match_the_model(image_world):
@@ -417,7 +412,7 @@ def test_client_image_must_match_the_model(image_world):
     e = make_engine(image_world)
     with pytest.raises(ConditioningError):
         e.add_stream("s", "tiny-image", Conditioning(seed=1, image=np.zeros((8, 8, 3), np.uint8)))
-    assert len(e.budget) == 0  # the reservation was released
+    assert len(e.memory) == 0  # the reservation was released
     img = np.full((32, 32, 3), 200, np.uint8)
     info = e.add_stream("s", "tiny-image", Conditioning(seed=1, image=img))
     assert info.frame.shape == (32, 32, 3)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from models.kv_pool import KVPool
-from runtime.kv_cache import KVBudget, KVLayout
+from runtime.kv_cache import KVLayout
 
 
 def valid_slots(lay: KVLayout, committed: int, n_new: int) -> list[int]:
@@ -81,15 +81,3 @@ def test_committed_view_is_frame_ordered():
 def test_chunk_larger_than_window_is_refused():
     with pytest.raises(ValueError, match="window"):
         KVLayout(0, 2, 1).write_slots(0, 3)
-
-
-def test_budget_limits_count_and_bytes():
-    b = KVBudget(max_streams=2, max_bytes=250)
-    assert b.allocate("a", 100) is not None
-    assert b.allocate("b", 200) is None  # bytes
-    assert b.allocate("b", 100) is not None
-    assert b.allocate("c", 1) is None  # count
-    b.free("a")
-    assert b.allocate("c", 50) is not None and b.used_bytes == 150
-    with pytest.raises(ValueError):
-        b.allocate("c", 1)

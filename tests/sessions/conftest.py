@@ -33,7 +33,7 @@ async def running(
         yield manager
     finally:
         await manager.shutdown()
-        await asyncio.get_running_loop().run_in_executor(None, et.stop)
+        await asyncio.get_running_loop().run_in_executor(None, et.close)
 
 
 class Inbox:

@@ -78,7 +78,7 @@ def test_cancel_rolls_back_the_chunk_in_flight(worlds):
             s.cancel(7)
             (c,) = await inbox.wait_for(CancelledEvent)
             assert (c.seq, c.chunk) == (7, 2)
-            info = await m.engine.call(m.engine.engine.info, s.id)
+            info = await m.engine.info(s.id)
             assert info.chunks == 1
             s.step(2, D)  # the session works right after
             frames = await inbox.wait_for(FramesEvent, 2)
