@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.serving import report
 from benchmarks.tiny_world_eval import EVAL_SEED_BASE, batched
-from models.atlas import Atlas, Cartographer
 from models.game import random_policy
 from models.registry import from_name
+from models.tiny_world.atlas import Atlas, Cartographer
 from runtime.engine import Engine
 
 SESSIONS = 8

@@ -31,10 +31,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tiny_world_eval import EVAL_SEED_BASE, batched
-from models.fast_decoder import FastAutoencoder
 from models.game import GameConfig, SimResult, simulate
 from models.registry import from_name
 from models.tiny_world.data import action_rows, sim_cameras
+from models.tiny_world.fast_decoder import FastAutoencoder
 from models.tiny_world.metrics import free_worlds, scroll_offset
 from models.tiny_world.train import anchored_clips, rollout_history
 from models.world import World

@@ -8,10 +8,10 @@ A model directory has diffusers' layout plus one file of serving settings::
     DIR/transformer/diffusion_pytorch_model.safetensors
     DIR/vae/config.json                      AutoencoderKLWan config, or FastAEConfig for "fast"
     DIR/vae/diffusion_pytorch_model.safetensors
-    DIR/gate/key_gate.safetensors            optional: a learned key gate (models/key_gate.py),
+    DIR/gate/key_gate.safetensors            optional: a learned key gate (models/tiny_world/key_gate.py),
                                              its KeyGateConfig in worldserve.json "gate"
     DIR/terrain/terrain_prior.safetensors    optional: a learned terrain prior for worlds with an
-                                             atlas (models/terrain_prior.py), its
+                                             atlas (models/tiny_world/terrain_prior.py), its
                                              TerrainPriorConfig in worldserve.json "terrain"
 
 `transformer/config.json` is accepted too when worldserve.json has no "transformer" entry,
@@ -51,14 +51,14 @@ from diffusers import AutoencoderKLWan
 from safetensors.torch import load_file, save_file
 
 from models.causal_wan import ActionConfig, CausalWan, CausalWanConfig
-from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
-from models.key_gate import KeyGate, KeyGateConfig
 from models.names import DEFAULT_MODEL as DEFAULT_MODEL  # re-exported: the registry's default
 from models.sampler import FlowSchedule
 from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
-from models.terrain_prior import TerrainPrior, TerrainPriorConfig
 from models.tiny_world import WEIGHTS_DIR as TINY_WORLD_DIR
 from models.tiny_world import start_image as game_start_image
+from models.tiny_world.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
+from models.tiny_world.key_gate import KeyGate, KeyGateConfig
+from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig
 from models.vae import StreamingDecoder, WanStreamingVAE
 from models.world import World, WorldConfig
 

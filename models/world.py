@@ -9,7 +9,7 @@
 * `carry(noise, last)`: the sampler's noise with the config's `carry_channels` set to each
   session's latest latent frame (worlds trained to start those channels there);
 * `steer(actions, last)`: a chunk's action rows with the movement keys its learned key gate
-  (`models.key_gate`) finds blocked from each session's latest latent frame released, and, for a
+  (`models.tiny_world.key_gate`) finds blocked from each session's latest latent frame released, and, for a
   gate that plans motion, the chunk's `Pins`: the latent channels its frames are known to hold
   (the view's phase, the player's place), which `pin` writes into every clean estimate;
 * `context(x0, index, actions)`: the clean pass that leaves the chunk's K/V in scratch;
@@ -34,13 +34,13 @@ import numpy as np
 import torch
 
 from models.actions import ActionSpace, FrameLayout
-from models.atlas import Atlas, Cartographer
 from models.causal_wan import CausalWan, marker_inputs
 from models.i2v import ImageConditioner
-from models.key_gate import KeyGate, read_motion
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry, pin
-from models.terrain_prior import TerrainPrior
+from models.tiny_world.atlas import Atlas, Cartographer
+from models.tiny_world.key_gate import KeyGate, read_motion
+from models.tiny_world.terrain_prior import TerrainPrior
 from models.vae import DecoderCache, StreamingDecoder, decode_batch
 
 
@@ -94,12 +94,12 @@ class WorldConfig:
     # (the tiny world's player place: trained to move it from where it was, `World.carry`).
     carry_channels: tuple[int, ...] = ()
     # > 0: sessions keep a map of the tiles they have shown, this many tiles across, and draw the
-    # remembered ones when they come back into view (models/atlas.py; tile-aligned latents and a
+    # remembered ones when they come back into view (models/tiny_world/atlas.py; tile-aligned latents and a
     # key gate that plans the view's motion). 0: terrain out of the window is invented anew.
     atlas_tiles: int = 0
     # > 0 with an atlas: the world is a square this many tiles across ringed by wall, each tile in
     # one of the colours `wall_rgb`, so a session that sees its camera stop at an edge knows where
-    # the world ends and keeps it (models/atlas.py, `Atlas.bounds`). 0: the world's size is unknown.
+    # the world ends and keeps it (models/tiny_world/atlas.py, `Atlas.bounds`). 0: size unknown.
     world_tiles: int = 0
     wall_rgb: tuple[tuple[int, int, int], ...] = ()
 

@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from models.actions import FrameAction, group_actions
-from models.atlas import Atlas
 from models.kv_pool import ChunkIndex
+from models.tiny_world.atlas import Atlas
 from models.world import Conditioning, World
 from runtime.kv_cache import KVLayout
 from runtime.plan import ScheduledChunk, StepPlan

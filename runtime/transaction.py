@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from models.actions import FrameAction
-from models.atlas import Atlas
+from models.tiny_world.atlas import Atlas
 from models.vae import DecoderCache
 from models.world import WorldState
 from runtime.requests import ChunkCommitted, ChunkRequest, ChunkTimings, DebugHooks

@@ -3,7 +3,8 @@
 Everything that defines the shipped model lives here as code, so the trainer, the registry and
 the benchmarks agree on it:
 
-* `ae_config()`    the fast autoencoder (models/fast_decoder.py): per-frame 8x8x8 latents of a 64x64 frame;
+* `ae_config()`    the fast autoencoder (models/tiny_world/fast_decoder.py): per-frame 8x8x8
+  latents of a 64x64 frame;
 * `dit_config()`   the causal Wan DiT with the keyboard action module (the game's KEYS, no mouse);
 * `marker_config()` the DiT's per-cell sprite marker on those latents (a DiT trained with `--marker`);
 * `TRAIN_SCHEDULE` the few-step schedule the DiT's self-forced stages unroll; `SERVE_STEPS`
@@ -25,16 +26,16 @@ from pathlib import Path
 import numpy as np
 
 from models.causal_wan import ActionConfig, CausalWanConfig, MarkerConfig
-from models.fast_decoder import PHASE_CHANNELS, SPRITE_CHANNELS, SPRITE_SCALE, FastAEConfig
 from models.game import FPS, KEYS, Game, GameConfig
-from models.key_gate import KeyGate
 from models.sampler import FlowSchedule
+from models.tiny_world.fast_decoder import PHASE_CHANNELS, SPRITE_CHANNELS, SPRITE_SCALE, FastAEConfig
+from models.tiny_world.key_gate import KeyGate
 from models.world import WorldConfig
 
 NAME = "tiny-world"
 SIZE = 64  # frame height and width, pixels (the game's default)
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-# Tiles across a session's atlas (models/atlas.py): the game's worlds are 40 tiles across, so a
+# Tiles across a session's atlas (models/tiny_world/atlas.py): the game's worlds are 40 tiles across, so a
 # session remembers all of one (a world the model invents may run further; the atlas then keeps
 # the 64 x 64 tiles around the view).
 ATLAS_TILES = 64

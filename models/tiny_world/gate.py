@@ -1,4 +1,4 @@
-"""The tiny world's key gate (`models.key_gate`): its config, its labels and its training.
+"""The tiny world's key gate (`models.tiny_world.key_gate`): its config, its labels and its training.
 
     python -m models.tiny_world.gate --model DIR [--out DIR2] [--work SCRATCH] [--seed S]
 
@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from models.causal_wan import marker_inputs
-from models.fast_decoder import SPRITE_SCALE, FastAutoencoder
 from models.game import GameConfig, generate_world
-from models.key_gate import KeyGate, KeyGateConfig, read_motion
 from models.tiny_world import atlas_tiles, marker_config, world_config
 from models.tiny_world.data import KEYS
+from models.tiny_world.fast_decoder import SPRITE_SCALE, FastAutoencoder
+from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
 from models.tiny_world.metrics import KEY_AXES
 
 

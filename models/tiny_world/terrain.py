@@ -1,4 +1,4 @@
-"""The tiny world's terrain prior (`models.terrain_prior`): its data and its training.
+"""The tiny world's terrain prior (`models.tiny_world.terrain_prior`): its data and its training.
 
     python -m models.tiny_world.terrain --model DIR [--out DIR2] [--seed S] [--steps N]
 
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from models.game import GameConfig, generate_world
-from models.terrain_prior import TerrainPrior, TerrainPriorConfig
+from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig
 
 
 @dataclass(frozen=True)

@@ -126,12 +126,9 @@ from models.causal_wan import (
     marker_inputs,
     sprite_marker,
 )
-from models.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDecoder
 from models.game import Game, GameConfig, GameError, generate_world, held_moves, random_policy
-from models.key_gate import KeyGate
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule, add_noise, carry, pin
-from models.terrain_prior import TerrainPrior
 from models.tiny_world import (
     SIZE,
     TRAIN_SCHEDULE,
@@ -143,6 +140,7 @@ from models.tiny_world import (
     world_config,
 )
 from models.tiny_world.data import FOCUS_POLICY, KEYS, Episodes, make_episodes
+from models.tiny_world.fast_decoder import SPRITE_SCALE, FastAutoencoder, FastStreamingDecoder
 from models.tiny_world.gate import (
     GateTraining,
     canonical_latents,
@@ -151,8 +149,10 @@ from models.tiny_world.gate import (
     world_centres,
     world_walls,
 )
+from models.tiny_world.key_gate import KeyGate
 from models.tiny_world.metrics import KEY_AXES, off_centre
 from models.tiny_world.terrain import TerrainTrainConfig, class_maps, terrain_config, train_terrain
+from models.tiny_world.terrain_prior import TerrainPrior
 from models.world import World
 
 STAGES = ("ae", "dit", "sf", "sf2", "sf3", "gate", "terrain", "done")

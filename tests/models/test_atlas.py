@@ -1,4 +1,4 @@
-"""The atlas (models/atlas.py) on the shipped tiny world's autoencoder: it keeps the flat tiles a
+"""The atlas (models/tiny_world/atlas.py) on the shipped tiny world's autoencoder: it keeps the flat tiles a
 frame shows wholly, at their place on the grid, and gives them back, as the encoder writes them,
 when a view shows them again, drawn as the game draws those tiles there."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.atlas import EMPTY, Atlas, Cartographer
 from models.game import simulate
 from models.registry import from_name
+from models.tiny_world.atlas import EMPTY, Atlas, Cartographer
 from models.tiny_world.metrics import free_worlds
 
 

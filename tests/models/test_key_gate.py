@@ -1,4 +1,4 @@
-"""The key gate (models/key_gate.py): which held keys it releases, and how a model directory
+"""The key gate (models/tiny_world/key_gate.py): which held keys it releases, and how a model directory
 carries it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from models.causal_wan import MarkerConfig
-from models.key_gate import KeyGate, KeyGateConfig, read_motion
 from models.registry import build_world, load_world, save_world, tiny_random_configs
+from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
 
 KEYS = ("w", "a", "s", "d", "space")
 MOVES = (("d", 0, 1), ("a", 0, -1), ("s", 1, 1), ("w", 1, -1))

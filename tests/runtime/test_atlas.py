@@ -1,6 +1,7 @@
-"""Sessions that keep an atlas (models/atlas.py) in the chunk loop: without a terrain prior the world
-plays as without an atlas until a place comes back into view, then draws the tiles it showed there;
-with one, the tiles that come into view first are the prior's, the same ones each time; the atlas
+"""Sessions that keep an atlas (models/tiny_world/atlas.py) in the chunk loop: without a terrain
+prior the world plays as without an atlas until a place comes back into view, then draws the
+tiles it showed there; with one, the tiles that come into view first are the prior's, the same ones
+each time; the atlas
 moves only in a commit, so a cancelled chunk leaves it as it was and a pipelined chunk that loses
 the chunk below it runs again on the committed one; a fork shares it and a reset starts a new one."""
 
@@ -14,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.atlas import EMPTY
 from models.game import simulate
 from models.registry import from_name, load_world
 from models.tiny_world import WEIGHTS_DIR
+from models.tiny_world.atlas import EMPTY
 from models.tiny_world.metrics import free_worlds, player_centroid
 from models.world import Conditioning, World
 from runtime.engine import Engine

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from models.causal_wan import MarkerConfig, marker_inputs
-from models.key_gate import KeyGate, KeyGateConfig, read_motion
+from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
 from models.world import Conditioning, World
 from runtime.engine import Engine
 from tests.runtime.conftest import close_frames, committed, keys, small_world

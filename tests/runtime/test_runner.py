@@ -59,7 +59,7 @@ def test_one_step_for_eight_sessions_costs_at_most_thirty_percent_more_ops_than_
 
 
 def test_sessions_with_atlases_and_a_terrain_prior_batch_their_ops_too():
-    # The shipped tiny world pins remembered and invented tiles each chunk (models/atlas.py):
+    # The shipped tiny world pins remembered and invented tiles each chunk (models/tiny_world/atlas.py):
     # read one session at a time that was about 700 ops a session (8 sessions: 1.81x the ops of
     # one); read as a batch (`Atlas.stack`), 1.24x.
     world = from_name("tiny-world")

@@ -15,10 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.fast_decoder import read_phase, read_sprite
 from models.registry import load_world
 from models.tiny_world import place_channels, start_image, view_channels
 from models.tiny_world.data import action_rows
+from models.tiny_world.fast_decoder import read_phase, read_sprite
 from models.tiny_world.train import (
     TrainConfig,
     Trainer,
