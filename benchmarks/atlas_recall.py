@@ -39,7 +39,7 @@ def capture(model: str, chunks: int) -> tuple[Cartographer, tuple[Atlas, torch.T
     """Run `SESSIONS` streams `chunks` chunks; return the world's cartographer and the inputs of
     the last batched recall (the batch's atlases, latest frames and phases)."""
     world = from_name(model)
-    carto = world.cartographer
+    carto = world.plugin.cartographer
     if carto is None or carto.prior is None:
         raise SystemExit(f"{model} keeps no atlases with a terrain prior")
     seen: list[tuple[Atlas, torch.Tensor, torch.Tensor]] = []

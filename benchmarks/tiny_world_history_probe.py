@@ -81,7 +81,7 @@ def game_history_chunk(
         gen,
         first=k - 1,
         canonical=world.decoder.canonical,
-        carry_channels=world.config.carry_channels,
+        carry_channels=world.plugin.settings.carry_channels,
     )
     return to_frames(world, lat[:, :, end - 1 : end])[0]
 
@@ -95,7 +95,7 @@ def stall_chunk(world: World, latents: torch.Tensor, actions: torch.Tensor, gen:
     dit, sched, chunk = world.transformer, world.config.schedule, world.chunk_frames
     k = dit.cfg.window_frames // chunk
     end = 1 + chunk * k
-    snap, carried = world.decoder.canonical, world.config.carry_channels
+    snap, carried = world.decoder.canonical, world.plugin.settings.carry_channels
     own = rollout_history(
         dit, latents[:, :, :end], actions[:, :end], sched, gen, canonical=snap, carry_channels=carried
     )

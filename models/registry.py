@@ -4,15 +4,12 @@ A model directory has diffusers' layout plus one file of serving settings::
 
     DIR/worldserve.json                      {"world": WorldConfig, "transformer": CausalWanConfig,
                                               "decoder": {"kind": "wan" | "fast" | "taehv"},  (default wan)
-                                              "start_image": {"kind": "game", "size": 64}} (optional)
+                                              "start_image": {"kind": "game", "size": 64},  (optional)
+                                              "plugin": {"name": ..., ...}}  (optional, models/plugin.py)
     DIR/transformer/diffusion_pytorch_model.safetensors
     DIR/vae/config.json                      AutoencoderKLWan config, or FastAEConfig for "fast"
     DIR/vae/diffusion_pytorch_model.safetensors
-    DIR/gate/key_gate.safetensors            optional: a learned key gate (models/tiny_world/key_gate.py),
-                                             its KeyGateConfig in worldserve.json "gate"
-    DIR/terrain/terrain_prior.safetensors    optional: a learned terrain prior for worlds with an
-                                             atlas (models/tiny_world/terrain_prior.py), its
-                                             TerrainPriorConfig in worldserve.json "terrain"
+    DIR/...                                  what the world's plug-in saves (its own weights)
 
 `transformer/config.json` is accepted too when worldserve.json has no "transformer" entry,
 so a plain diffusers Wan checkpoint loads with only a small worldserve.json beside it.
@@ -52,19 +49,17 @@ from safetensors.torch import load_file, save_file
 
 from models.causal_wan import ActionConfig, CausalWan, CausalWanConfig
 from models.names import DEFAULT_MODEL as DEFAULT_MODEL  # re-exported: the registry's default
+from models.plugin import WorldPlugin
 from models.sampler import FlowSchedule
 from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
 from models.tiny_world import WEIGHTS_DIR as TINY_WORLD_DIR
 from models.tiny_world import start_image as game_start_image
 from models.tiny_world.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
-from models.tiny_world.key_gate import KeyGate, KeyGateConfig
-from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig
+from models.tiny_world.plugin import load_plugin
 from models.vae import StreamingDecoder, WanStreamingVAE
 from models.world import World, WorldConfig
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
-GATE_WEIGHTS = "gate/key_gate.safetensors"  # a world's key gate, relative to its directory
-TERRAIN_WEIGHTS = "terrain/terrain_prior.safetensors"  # a world's terrain prior, likewise
 # diffusers' own loader drops these keys (Wan I2V leftovers); so do we.
 IGNORED_KEYS = ("norm_added_q",)
 DECODER_KINDS = ("wan", "fast", "taehv")  # worldserve.json "decoder.kind" values
@@ -218,8 +213,7 @@ def with_decoder(world: World, spec: str) -> World:
         device=world.device,
         dtype=world.dtype,
         start_image=world._start_image,
-        gate=world.gate,
-        terrain=world.terrain,
+        plugin=world.plugin,
     )
     out.prompts = world.prompts
     return out
@@ -252,6 +246,7 @@ def build_world(
     dtype: torch.dtype = torch.float32,
     decoder: str = "wan",
     start_image: Callable[[int], np.ndarray] | None = None,
+    plugin: WorldPlugin | None = None,
 ) -> World:
     """Construct a world from configs; weights random from `seed` (None: leave torch's RNG alone).
 
@@ -262,7 +257,7 @@ def build_world(
         torch.manual_seed(seed)
     transformer = CausalWan(dit).to(device=device, dtype=dtype)
     dec = build_decoder(vae, decoder, device, dtype)
-    return World(world, transformer, dec, device=device, dtype=dtype, start_image=start_image)
+    return World(world, transformer, dec, device=device, dtype=dtype, start_image=start_image, plugin=plugin)
 
 
 def load_state(module: torch.nn.Module, path: Path) -> None:
@@ -307,6 +302,8 @@ def save_world(
     }
     if start_image is not None:
         meta["start_image"] = start_image
+    if world.plugin is not None:
+        meta["plugin"] = world.plugin.save(root)
     (root / "worldserve.json").write_text(json.dumps(meta, indent=2))
     if kind == "fast":
         vae_config = {"_class_name": "FastAutoencoder", **module.cfg.to_dict()}  # type: ignore[union-attr]
@@ -319,33 +316,6 @@ def save_world(
         str(root / "transformer" / WEIGHTS),
     )
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(root / "vae" / WEIGHTS))
-    if world.gate is not None:
-        save_gate(world.gate, root)
-    if world.terrain is not None:
-        save_terrain(world.terrain, root)
-
-
-def save_gate(gate: KeyGate, path: str | Path) -> None:
-    """Write a key gate into a model directory: its weights, and its config as worldserve.json's
-    "gate" entry (the rest of the directory is left as it is)."""
-    _save_part(gate, gate.cfg.to_dict(), "gate", GATE_WEIGHTS, path)
-
-
-def save_terrain(prior: TerrainPrior, path: str | Path) -> None:
-    """Write a terrain prior into a model directory, as `save_gate` a gate ("terrain" entry)."""
-    _save_part(prior, prior.cfg.to_dict(), "terrain", TERRAIN_WEIGHTS, path)
-
-
-def _save_part(module: torch.nn.Module, config: dict, entry: str, weights: str, path: str | Path) -> None:
-    root = Path(path)
-    meta_path = root / "worldserve.json"
-    meta = json.loads(meta_path.read_text())
-    meta[entry] = config
-    (root / weights).parent.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {k: v.detach().float().contiguous() for k, v in module.state_dict().items()}, str(root / weights)
-    )
-    meta_path.write_text(json.dumps(meta, indent=2))
 
 
 def load_world(
@@ -389,19 +359,10 @@ def load_world(
         seed=None,
         decoder=kind,
         start_image=start_image_fn(meta.get("start_image"), root),
+        plugin=load_plugin(root, meta["plugin"]) if "plugin" in meta else None,
     )
     load_state(world.transformer, root / "transformer" / WEIGHTS)
     load_state(decoder_module(world.decoder), weights)
-    if "gate" in meta:
-        gate = KeyGate(KeyGateConfig.from_dict(meta["gate"]))
-        load_state(gate, root / GATE_WEIGHTS)
-        world.set_gate(gate)
-    if "terrain" in meta:
-        prior = TerrainPrior(TerrainPriorConfig.from_dict(meta["terrain"]))
-        load_state(prior, root / TERRAIN_WEIGHTS)
-        world.set_terrain(prior)
-    if wcfg.atlas_tiles and not world.remembers:
-        raise ValueError(f"{root}: atlas_tiles needs a key gate that plans the view's motion (gate.view)")
     if torch.device(device) == torch.device("cpu") and dtype == torch.float32:
         return world
     dec = wrap_decoder(decoder_module(world.decoder).to(device=device, dtype=dtype), kind)
@@ -412,8 +373,7 @@ def load_world(
         device=device,
         dtype=dtype,
         start_image=world._start_image,
-        gate=world.gate,
-        terrain=world.terrain,
+        plugin=world.plugin,
     )
 
 

@@ -53,7 +53,7 @@ class Budget:
 class PoolCost:
     """Device bytes the engine reserves for its sessions' state."""
 
-    per_session: int  # each admitted session: a pool row in every world, and its largest atlas
+    per_session: int  # each admitted session: a pool row in every world, and its largest plug-in state
     fixed: int  # whatever the count: the reset and padding rows of every world's pool
 
     def total(self, sessions: int) -> int:
@@ -68,15 +68,16 @@ class PoolCost:
 def pool_cost(worlds: Mapping[str, World], pipelined: bool) -> PoolCost:
     """What the engine will reserve for ``worlds`` (loaded, before any pool exists): rows as
     `World.kv_bytes_per_session` counts them, with a chunk of ring slack when ``pipelined``
-    (as `Engine` sets them up), and the atlases of worlds that remember (`World.session_bytes`)."""
+    (as `Engine` sets them up), and the plug-in states of worlds that keep them
+    (`World.session_bytes`)."""
     rows = 0
-    atlas = 0
+    extra = 0
     for world in worlds.values():
         itemsize = world.dtype.itemsize
         slack = world.chunk_frames if pipelined else 0
         rows += world.transformer.cfg.kv_bytes(world.tokens_per_frame, itemsize, slack_frames=slack)
-        atlas = max(atlas, world.session_bytes() - world.kv_bytes_per_session())
-    return PoolCost(per_session=rows + atlas, fixed=SPARE_ROWS * rows)
+        extra = max(extra, world.session_bytes() - world.kv_bytes_per_session())
+    return PoolCost(per_session=rows + extra, fixed=SPARE_ROWS * rows)
 
 
 def device_budget(device: str, given: int | None = None) -> Budget:

@@ -9,9 +9,9 @@ the benchmarks agree on it:
 * `marker_config()` the DiT's per-cell sprite marker on those latents (a DiT trained with `--marker`);
 * `TRAIN_SCHEDULE` the few-step schedule the DiT's self-forced stages unroll; `SERVE_STEPS`
   the steps it is served with (that schedule without its 500 step);
-* `world_config()` serving settings: 30 fps, image start, the served schedule, context noise,
-  the sampler's carried channels (`carried_channels()`: the player's place, the view's phase),
-  the sessions' atlas of the tiles they have shown (`atlas_tiles()`, with a gate that plans);
+* `world_config()` serving settings: 30 fps, image start, the served schedule, context noise;
+  the world's own behaviour is its plug-in (models/tiny_world/plugin.py: the sampler's carried
+  channels, `carried_channels()`; the key gate; the sessions' atlas, `atlas_tiles()`);
 * `start_image(seed)` the simulator's first frame for a session seed (what a session starts from);
 * `WEIGHTS_DIR`    the shipped model directory (worldserve.json + transformer/ + vae/).
 
@@ -150,13 +150,8 @@ TRAIN_SCHEDULE = FlowSchedule(steps=(1000, 750, 500, 250), shift=1.0, num_train=
 SERVE_STEPS = (1000, 750, 250)
 
 
-def world_config(carry: tuple[int, ...] = (), atlas: int = 0) -> WorldConfig:
-    """Serving settings of the shipped world. `carry`: the latent channels the sampler starts from
-    the history's latest frame (`WorldConfig.carry_channels`; `carried_channels()`), for a DiT
-    trained so (`--sf-place-start`, `--sf-view-start`); `atlas`: `WorldConfig.atlas_tiles`
-    (`atlas_tiles()`), with the game's world size and border wall colours (its sessions learn
-    where the world ends, `Atlas.bounds`)."""
-    game = GameConfig()
+def world_config() -> WorldConfig:
+    """Serving settings of the shipped world (its plug-in's: `plugin.served_plugin`)."""
     return WorldConfig(
         id=NAME,
         fps=float(FPS),
@@ -166,10 +161,6 @@ def world_config(carry: tuple[int, ...] = (), atlas: int = 0) -> WorldConfig:
         context_noise=0.0,
         image_start=True,
         description="tiny causal Wan trained on the built-in game (WASD + space), from the seed's world",
-        carry_channels=tuple(carry),
-        atlas_tiles=atlas,
-        world_tiles=game.world_tiles if atlas else 0,
-        wall_rgb=tuple(tuple(c) for c in game.palette.wall) if atlas else (),
     )
 
 

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from models.causal_wan import marker_inputs
 from models.game import GameConfig, generate_world
-from models.tiny_world import atlas_tiles, marker_config, world_config
+from models.tiny_world import marker_config
 from models.tiny_world.data import KEYS
 from models.tiny_world.fast_decoder import SPRITE_SCALE, FastAutoencoder
 from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
@@ -302,7 +302,7 @@ def add_gate(model: Path, out: Path | None, work: Path | None, seed: int, progre
     """`main`: train a gate for `model` and write it there or into a copy at `out`. The episodes'
     latents live in `work` (kept, for another run to reuse) or in a scratch directory beside the
     output (removed)."""
-    from models.registry import save_gate
+    from models.tiny_world.plugin import save_gate, served_plugin
     from models.tiny_world.train import TrainConfig, Trainer  # imports this module
 
     target = out or model
@@ -318,8 +318,9 @@ def add_gate(model: Path, out: Path | None, work: Path | None, seed: int, progre
         trainer.train_gate()
         save_gate(trainer.gate, target)
         meta = json.loads((target / "worldserve.json").read_text())
-        served = world_config(atlas=atlas_tiles(trainer.gate)).to_dict()  # as the recipe exports it
-        meta["world"].update({k: served[k] for k in ("atlas_tiles", "world_tiles", "wall_rgb")})
+        served = served_plugin(gate=trainer.gate)  # as the recipe exports it
+        settings = served.settings.to_dict()
+        meta["plugin"].update({k: settings[k] for k in ("atlas_tiles", "world_tiles", "wall_rgb")})
         (target / "worldserve.json").write_text(json.dumps(meta, indent=2))
         record = json.loads(trainer.log_path.read_text().splitlines()[-1])
     finally:

@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from models.registry import save_terrain
+    from models.tiny_world.plugin import save_terrain
     from models.tiny_world.train import TrainConfig
 
     recipe = TrainConfig()

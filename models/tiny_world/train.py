@@ -128,7 +128,7 @@ from models.causal_wan import (
 )
 from models.game import Game, GameConfig, GameError, generate_world, held_moves, random_policy
 from models.kv_pool import ChunkIndex
-from models.sampler import FlowSchedule, add_noise, carry, pin
+from models.sampler import FlowSchedule, add_noise
 from models.tiny_world import (
     SIZE,
     TRAIN_SCHEDULE,
@@ -151,6 +151,8 @@ from models.tiny_world.gate import (
 )
 from models.tiny_world.key_gate import KeyGate
 from models.tiny_world.metrics import KEY_AXES, off_centre
+from models.tiny_world.plugin import served_plugin
+from models.tiny_world.sampling import carry, pin
 from models.tiny_world.terrain import TerrainTrainConfig, class_maps, terrain_config, train_terrain
 from models.tiny_world.terrain_prior import TerrainPrior
 from models.world import World
@@ -2141,14 +2143,12 @@ class Trainer:
 
         # Served as the last trained phase carries (exported mid-run: as the current one).
         last = self.stage if self.stage in self.cfg.dit_stages() else self.cfg.dit_stages()[-1]
-        config = world_config(carry=self.carried(last), atlas=atlas_tiles(self.gate))
         world = World(
-            config,
+            world_config(),
             self.ema.eval(),
             FastStreamingDecoder(self.ae.eval()),
             start_image=None,
-            gate=self.gate,
-            terrain=self.terrain if config.atlas_tiles else None,
+            plugin=served_plugin(self.carried(last), self.gate, self.terrain),
         )
         model_dir = self.out / "model"
         save_world(world, model_dir, start_image={"kind": "game", "size": SIZE})

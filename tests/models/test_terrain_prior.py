@@ -151,6 +151,6 @@ def test_the_cli_adds_a_prior_to_a_model_directory(tmp_path, capsys):
         torch.set_num_threads(n)
     assert "exists" in capsys.readouterr().err
     world = load_world(out)
-    assert world.terrain is not None and world.cartographer.prior is world.terrain
+    assert world.plugin.terrain is not None and world.plugin.cartographer.prior is world.plugin.terrain
     shipped = json.loads((WEIGHTS_DIR / "worldserve.json").read_text())
     assert json.loads((out / "worldserve.json").read_text())["world"] == shipped["world"]

@@ -32,7 +32,7 @@ def test_the_estimate_is_what_the_engine_allocates(pipelined: bool) -> None:
 
 def test_worlds_that_remember_count_their_atlases() -> None:
     world = registry.from_name("tiny-world")
-    assert world.remembers
+    assert world.plugin.remembers
     atlas = world.session_bytes() - world.kv_bytes_per_session()
     cost = pool_cost({"w": world}, pipelined=False)
     assert atlas > 0 and cost.per_session == cost.fixed // memory.SPARE_ROWS + atlas
