@@ -24,7 +24,7 @@ import gc
 import hashlib
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Protocol
 
 import numpy as np
@@ -92,8 +92,14 @@ class WorldConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> WorldConfig:
-        """Inverse of `to_dict`."""
+        """Inverse of `to_dict`. Unknown keys fail with their names (a world's own settings
+        belong in worldserve.json's "plugin" block, not here)."""
         data = dict(data)
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(
+                f'unknown world settings {unknown}; world-specific settings belong in the "plugin" block'
+            )
         sched = dict(data.pop("schedule", {}))
         if "steps" in sched:
             sched["steps"] = tuple(sched["steps"])
