@@ -34,7 +34,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.causal_wan import marker_inputs
+from models.game import GameConfig
 from models.plugin import ChunkPlan, WorldPlugin
+from models.tiny_world import atlas_tiles
 from models.tiny_world.atlas import Atlas, Cartographer
 from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
 from models.tiny_world.sampling import carry, pin
@@ -323,9 +325,6 @@ def served_plugin(
     """The plug-in a tiny world is served with (as the trainer exports it): `carry_channels`, the
     gate, and where the gate plans the view an atlas of the game's world (its size and border
     wall colours) with the terrain prior."""
-    from models.game import GameConfig
-    from models.tiny_world import atlas_tiles
-
     atlas = atlas_tiles(gate)
     game = GameConfig()
     settings = TinyWorldSettings(
