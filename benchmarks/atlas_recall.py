@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.serving import report
 from benchmarks.tiny_world_eval import EVAL_SEED_BASE, batched
-from models.atlas import Atlas, Cartographer
 from models.game import random_policy
 from models.registry import from_name
+from models.tiny_world.atlas import Atlas, Cartographer
 from runtime.engine import Engine
 
 SESSIONS = 8
@@ -39,7 +39,7 @@ def capture(model: str, chunks: int) -> tuple[Cartographer, tuple[Atlas, torch.T
     """Run `SESSIONS` streams `chunks` chunks; return the world's cartographer and the inputs of
     the last batched recall (the batch's atlases, latest frames and phases)."""
     world = from_name(model)
-    carto = world.cartographer
+    carto = world.plugin.cartographer
     if carto is None or carto.prior is None:
         raise SystemExit(f"{model} keeps no atlases with a terrain prior")
     seen: list[tuple[Atlas, torch.Tensor, torch.Tensor]] = []

@@ -248,7 +248,7 @@ def return_probe(engine: Engine, model_id: str, n: int, batch: int, hold: int = 
     """`hold` frames of A, then as many of D, in `n` worlds where the game's camera follows the
     whole walk: how close the frame back at the start is to the game's (and to the model's own
     start frame). With `hold` past the DiT's 16-frame window, what the walk left behind comes back
-    only from the session's atlas (models/atlas.py) or is invented anew."""
+    only from the session's atlas (models/tiny_world/atlas.py) or is invented anew."""
     script = parse_action_script(f"a*{hold},d*{hold}")
     cfg = GameConfig()
     seeds = []

@@ -31,10 +31,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tiny_world_eval import EVAL_SEED_BASE, batched
-from models.fast_decoder import FastAutoencoder
 from models.game import GameConfig, SimResult, simulate
 from models.registry import from_name
 from models.tiny_world.data import action_rows, sim_cameras
+from models.tiny_world.fast_decoder import FastAutoencoder
 from models.tiny_world.metrics import free_worlds, scroll_offset
 from models.tiny_world.training.history import rollout_history
 from models.tiny_world.training.targets import anchored_clips
@@ -82,7 +82,7 @@ def game_history_chunk(
         gen,
         first=k - 1,
         canonical=world.decoder.canonical,
-        carry_channels=world.config.carry_channels,
+        carry_channels=world.plugin.settings.carry_channels,
     )
     return to_frames(world, lat[:, :, end - 1 : end])[0]
 
@@ -96,7 +96,7 @@ def stall_chunk(world: World, latents: torch.Tensor, actions: torch.Tensor, gen:
     dit, sched, chunk = world.transformer, world.config.schedule, world.chunk_frames
     k = dit.cfg.window_frames // chunk
     end = 1 + chunk * k
-    snap, carried = world.decoder.canonical, world.config.carry_channels
+    snap, carried = world.decoder.canonical, world.plugin.settings.carry_channels
     own = rollout_history(
         dit, latents[:, :, :end], actions[:, :end], sched, gen, canonical=snap, carry_channels=carried
     )

@@ -69,8 +69,8 @@ def model_move(world: World, start: torch.Tensor, key: str, frames: int, seed: i
             world.config.schedule,
             torch.Generator().manual_seed(seed),
             canonical=world.decoder.canonical,
-            carry_channels=world.config.carry_channels,
-            gate=world.gate,
+            carry_channels=world.plugin.settings.carry_channels,
+            gate=world.plugin.gate,
         )
     video, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
     axis, sign = AXES[key]

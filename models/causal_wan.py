@@ -115,7 +115,7 @@ class ActionConfig:
 @dataclass
 class MarkerConfig:
     """Per-cell input channels that say where a sprite is relative to each latent cell, for
-    tile-aligned latents with a sprite layer (models/fast_decoder.py): the view's phase on its
+    tile-aligned latents with a sprite layer (models/tiny_world/fast_decoder.py): the view's phase on its
     canvas (cos, sin of 2 pi p / 2s per axis) and the sprite's centre in view pixels are the same
     in every cell, so without them a token learns where the player is relative to itself only by
     comparing those numbers with its own place, which RoPE does not give it (issue 11: the view

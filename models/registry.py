@@ -4,12 +4,12 @@ A model directory has diffusers' layout plus one file of serving settings::
 
     DIR/worldserve.json                      {"world": WorldConfig, "transformer": CausalWanConfig,
                                               "decoder": {"kind": "wan" | "taehv" | ...},  (default wan)
-                                              "start_image": {"kind": ..., ...}} (optional)
+                                              "start_image": {"kind": ..., ...},  (optional)
+                                              "plugin": {"name": ..., ...}}  (optional, models/plugin.py)
     DIR/transformer/diffusion_pytorch_model.safetensors
     DIR/vae/config.json                      AutoencoderKLWan config, or a registered kind's config
     DIR/vae/diffusion_pytorch_model.safetensors
-    DIR/<part>/...                           optional: a registered part's weights, its config in
-                                             worldserve.json under the part's name
+    DIR/...                                  what the world's plug-in saves (its own weights)
 
 `transformer/config.json` is accepted too when worldserve.json has no "transformer" entry,
 so a plain diffusers Wan checkpoint loads with only a small worldserve.json beside it.
@@ -31,7 +31,7 @@ Converted directories (models/convert/output.py) list in "requires" what serving
 directory needing anything outside `SUPPORTED_REQUIREMENTS` is refused, and "text_prompts" marks
 the world as taking prompts (`WorldConfig.text_prompts`; resolved by `World.prompts`).
 
-Names, directory families, start-image kinds and directory parts are registered, not imported:
+Names, directory families, start-image kinds, plug-ins and decoder kinds are registered, not imported:
 `register(name, loader, kind)` fills one table per kind, and the families listed (as module
 names) in `models.families` register themselves when first imported, which the lookups here
 trigger through importlib, so this module has no import edge to any family. Built in here:
@@ -58,6 +58,7 @@ from safetensors.torch import load_file, save_file
 
 from models.causal_wan import ActionConfig, CausalWan, CausalWanConfig
 from models.names import DEFAULT_MODEL as DEFAULT_MODEL  # re-exported: the registry's default
+from models.plugin import WorldPlugin
 from models.sampler import FlowSchedule
 from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
 from models.vae import StreamingDecoder, WanStreamingVAE
@@ -71,22 +72,11 @@ TAEHV_DEFAULT = "taew2_1"  # the TAEHV config of a taehv entry without one, and 
 
 # What `register` takes: "world", a name's builder(device, dtype) -> World; "family", the loader
 # (root, meta, device, dtype) -> World of directories whose worldserve.json "family" is the name;
-# "start_image", a factory (spec, root) -> seed -> frame for a "start_image.kind"; "part", a `Part`
-# for a worldserve.json entry a family adds to its directories.
+# "start_image", a factory (spec, root) -> seed -> frame for a "start_image.kind"; "plugin", the
+# loader (root, block) -> `WorldPlugin` of a worldserve.json "plugin" block whose "name" it is;
 # "decoder", a `DecoderKind` for a worldserve.json "decoder.kind".
-Kind = Literal["world", "family", "start_image", "part", "decoder"]
-KINDS: tuple[Kind, ...] = ("world", "family", "start_image", "part", "decoder")
-
-
-@dataclass(frozen=True)
-class Part:
-    """A worldserve.json entry with its own weights (e.g. a family's extra module).
-
-    `load(world, config, root)` attaches it to a loaded world (`config` is the entry);
-    `save(world, root)` writes it beside a saved world when the world has one."""
-
-    load: Callable[[World, dict, Path], None]
-    save: Callable[[World, Path], None]
+Kind = Literal["world", "family", "start_image", "plugin", "decoder"]
+KINDS: tuple[Kind, ...] = ("world", "family", "start_image", "plugin", "decoder")
 
 
 @dataclass(frozen=True)
@@ -254,8 +244,7 @@ def with_decoder(world: World, spec: str) -> World:
         device=world.device,
         dtype=world.dtype,
         start_image=world._start_image,
-        gate=world.gate,
-        terrain=world.terrain,
+        plugin=world.plugin,
     )
     out.prompts = world.prompts
     return out
@@ -292,6 +281,7 @@ def build_world(
     dtype: torch.dtype = torch.float32,
     decoder: str = "wan",
     start_image: Callable[[int], np.ndarray] | None = None,
+    plugin: WorldPlugin | None = None,
 ) -> World:
     """Construct a world from configs; weights random from `seed` (None: leave torch's RNG alone).
 
@@ -302,7 +292,7 @@ def build_world(
         torch.manual_seed(seed)
     transformer = CausalWan(dit).to(device=device, dtype=dtype)
     dec = build_decoder(vae, decoder, device, dtype)
-    return World(world, transformer, dec, device=device, dtype=dtype, start_image=start_image)
+    return World(world, transformer, dec, device=device, dtype=dtype, start_image=start_image, plugin=plugin)
 
 
 def load_state(module: torch.nn.Module, path: Path) -> None:
@@ -347,6 +337,8 @@ def save_world(
     }
     if start_image is not None:
         meta["start_image"] = start_image
+    if world.plugin is not None:
+        meta["plugin"] = world.plugin.save(root)
     (root / "worldserve.json").write_text(json.dumps(meta, indent=2))
     kinds = registered("decoder")
     if kind in kinds:
@@ -360,22 +352,17 @@ def save_world(
         str(root / "transformer" / WEIGHTS),
     )
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(root / "vae" / WEIGHTS))
-    for part in registered("part").values():
-        part.save(world, root)
 
 
-def save_part(module: torch.nn.Module, config: dict, entry: str, weights: str, path: str | Path) -> None:
-    """Write a part's weights into a model directory at `weights` (relative to it) and its config
-    as worldserve.json's `entry` (the rest of the directory is left as it is)."""
-    root = Path(path)
-    meta_path = root / "worldserve.json"
-    meta = json.loads(meta_path.read_text())
-    meta[entry] = config
-    (root / weights).parent.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {k: v.detach().float().contiguous() for k, v in module.state_dict().items()}, str(root / weights)
-    )
-    meta_path.write_text(json.dumps(meta, indent=2))
+def load_plugin(root: Path, block: dict | None) -> WorldPlugin | None:
+    """The plug-in a worldserve.json "plugin" block names (None: the world has none)."""
+    if block is None:
+        return None
+    name = block.get("name")
+    plugins = registered("plugin")
+    if name not in plugins:
+        raise ValueError(f"{root}: unknown plugin {name!r}; known: {sorted(plugins)}")
+    return plugins[name](root, block)
 
 
 def load_world(
@@ -419,14 +406,10 @@ def load_world(
         seed=None,
         decoder=kind,
         start_image=start_image_fn(meta.get("start_image"), root),
+        plugin=load_plugin(root, meta.get("plugin")),
     )
     load_state(world.transformer, root / "transformer" / WEIGHTS)
     load_state(decoder_module(world.decoder), weights)
-    for entry, part in registered("part").items():
-        if entry in meta:
-            part.load(world, meta[entry], root)
-    if wcfg.atlas_tiles and not world.remembers:
-        raise ValueError(f"{root}: atlas_tiles needs a key gate that plans the view's motion (gate.view)")
     if torch.device(device) == torch.device("cpu") and dtype == torch.float32:
         return world
     dec = wrap_decoder(decoder_module(world.decoder).to(device=device, dtype=dtype), kind)
@@ -437,8 +420,7 @@ def load_world(
         device=device,
         dtype=dtype,
         start_image=world._start_image,
-        gate=world.gate,
-        terrain=world.terrain,
+        plugin=world.plugin,
     )
 
 
@@ -451,7 +433,7 @@ _TABLES: dict[Kind, dict[str, Any]] = {
     "world": {"tiny-random": _tiny_random},
     "family": {},
     "start_image": {"file": file_start_image},
-    "part": {},
+    "plugin": {},
     "decoder": {},
 }
 _families_loaded = False

@@ -6,14 +6,11 @@
 * `init_state(cond)` -> `WorldState`: a row of the model's K/V pool, decoder cache, RNG key, counters;
 * `denoise(x_t, t, index, actions)` -> prediction; reads committed K/V, writes scratch only;
 * `canonical(x0)`: a generated chunk in the form it is shown and kept as history (the decoder's);
-* `carry(noise, last)`: the sampler's noise with the config's `carry_channels` set to each
-  session's latest latent frame (worlds trained to start those channels there);
-* `steer(actions, last)`: a chunk's action rows with the movement keys its learned key gate
-  (`models.key_gate`) finds blocked from each session's latest latent frame released, and, for a
-  gate that plans motion, the chunk's `Pins`: the latent channels its frames are known to hold
-  (the view's phase, the player's place), which `pin` writes into every clean estimate;
 * `context(x0, index, actions)`: the clean pass that leaves the chunk's K/V in scratch;
 * `decode(latents, state)` -> frames and a *new* decoder cache (the old one is untouched).
+
+A world's own behaviour (what it does to a chunk's actions, noise and clean estimates, and the
+per-session state that needs) is its optional `plugin` (`models.plugin.WorldPlugin`).
 
 `denoise` and `context` run one batched forward over every entry of a `ChunkIndex` (built by the
 runtime), optionally compiled with a fixed set of batch buckets. The K/V pool is static between
@@ -26,20 +23,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Protocol
 
 import numpy as np
 import torch
 
 from models.actions import ActionSpace, FrameLayout
-from models.atlas import Atlas, Cartographer
-from models.causal_wan import CausalWan, marker_inputs
-from models.key_gate import KeyGate, read_motion
+from models.causal_wan import CausalWan
 from models.kv_pool import ChunkIndex
 from models.matrix_game.image import ImageConditioner
-from models.sampler import FlowSchedule, add_noise, carry, pin
-from models.terrain_prior import TerrainPrior
+from models.plugin import PluginState, WorldPlugin
+from models.sampler import FlowSchedule, add_noise
 from models.vae import DecoderCache, StreamingDecoder, decode_batch
 
 
@@ -89,18 +84,6 @@ class WorldConfig:
     )
     description: str = ""
     text_prompts: bool = False  # sessions may bring a prompt (resolved by `World.prompts`)
-    # Latent channels whose sampler noise is the history's latest frame instead of a random draw
-    # (the tiny world's player place: trained to move it from where it was, `World.carry`).
-    carry_channels: tuple[int, ...] = ()
-    # > 0: sessions keep a map of the tiles they have shown, this many tiles across, and draw the
-    # remembered ones when they come back into view (models/atlas.py; tile-aligned latents and a
-    # key gate that plans the view's motion). 0: terrain out of the window is invented anew.
-    atlas_tiles: int = 0
-    # > 0 with an atlas: the world is a square this many tiles across ringed by wall, each tile in
-    # one of the colours `wall_rgb`, so a session that sees its camera stop at an edge knows where
-    # the world ends and keeps it (models/atlas.py, `Atlas.bounds`). 0: the world's size is unknown.
-    world_tiles: int = 0
-    wall_rgb: tuple[tuple[int, int, int], ...] = ()
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -108,15 +91,17 @@ class WorldConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> WorldConfig:
-        """Inverse of `to_dict`."""
+        """Inverse of `to_dict`. Unknown keys fail with their names (a world's own settings
+        belong in worldserve.json's "plugin" block, not here)."""
         data = dict(data)
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(
+                f'unknown world settings {unknown}; world-specific settings belong in the "plugin" block'
+            )
         sched = dict(data.pop("schedule", {}))
         if "steps" in sched:
             sched["steps"] = tuple(sched["steps"])
-        if "carry_channels" in data:
-            data["carry_channels"] = tuple(data["carry_channels"])
-        if "wall_rgb" in data:
-            data["wall_rgb"] = tuple(tuple(c) for c in data["wall_rgb"])
         return cls(schedule=FlowSchedule(**sched), **data)
 
 
@@ -142,25 +127,8 @@ class WorldState:
     frames: int = 0  # committed latent frames (the KV length)
     video_frames: int = 0  # committed video frames (frame0 of the next chunk)
     start_latents: torch.Tensor | None = None  # (C, 1, h, w) image latent until the runner prefills it
-    # (C, 1, h, w) the latest committed latent frame, kept only for worlds that read it
-    # (`World.keeps_last`: carry_channels or a key gate).
-    last_latent: torch.Tensor | None = None
-    atlas: Atlas | None = None  # the tiles the session has shown (`World.remembers`)
-
-
-@dataclass
-class Pins:
-    """Latent channels a chunk's frames are known to hold before it is sampled (`World.steer`):
-    the sampler writes them into every clean estimate (`World.pin`), so the DiT draws the rest of
-    the frame around them."""
-
-    channels: tuple[int, ...]
-    values: torch.Tensor  # (B, len(channels), n) normalised, the same in every cell of a frame
-    rows: torch.Tensor  # (B,) bool: the entries that have a plan (others keep their own estimate)
-    # Remembered tiles (`World.remembers`): the cell channels (B, k, n, h, w) normalised, and
-    # where they hold (B, 1, n, h, w) bool.
-    cells: torch.Tensor | None = None
-    cell_mask: torch.Tensor | None = None
+    # The world's plug-in state (`models.plugin`): None until the plug-in makes one, or without one.
+    plugin_state: PluginState | None = None
 
 
 class PromptSource(Protocol):
@@ -194,8 +162,7 @@ class World:
         dtype: torch.dtype = torch.float32,
         start_image: Callable[[int], np.ndarray] | None = None,
         conditioner: ImageConditioner | None = None,
-        gate: KeyGate | None = None,
-        terrain: TerrainPrior | None = None,
+        plugin: WorldPlugin | None = None,
     ) -> None:
         self.config = config
         self.transformer = transformer.eval()
@@ -226,62 +193,19 @@ class World:
             config.width // decoder.spatial + decoder.margin_cells,
         )
         self.tokens_per_frame = transformer.tokens_per_frame(*self.latent_shape[1:])
-        bad = [c for c in config.carry_channels if not 0 <= c < tcfg.out_channels]
-        if bad:
-            raise ValueError(f"carry_channels {bad} are not latent channels (0..{tcfg.out_channels - 1})")
         if tcfg.action is not None and tcfg.action.frames_per_latent != decoder.layout.frames_per_latent:
             raise ValueError("action frames_per_latent must equal the decoder's temporal factor")
         self.action_space = tcfg.action.space if tcfg.action is not None else ActionSpace()
-        self.gate: KeyGate | None = None  # which held keys the world's walls block (None: every key moves)
-        if gate is not None:
-            self.set_gate(gate)
-        # Writes and reads sessions' atlases; they are kept once a key gate plans the view's
-        # motion (`remembers`), which places every frame on the tile grid.
-        self.cartographer: Cartographer | None = None
-        if config.atlas_tiles > 0:
-            ae = getattr(decoder, "ae", None)
-            if ae is None or not ae.cfg.frame_size:
-                raise ValueError("atlas_tiles needs a decoder on tile-aligned latents")
-            self.cartographer = Cartographer(ae, config.atlas_tiles, config.world_tiles, config.wall_rgb)
-        if terrain is not None:
-            self.set_terrain(terrain)
+        self.plugin: WorldPlugin | None = None  # the world's own behaviour (`models.plugin`)
+        self.set_plugin(plugin)
 
-    def set_gate(self, gate: KeyGate) -> None:
-        """Give the world a key gate (`steer`), on its device and dtype."""
-        keys = tuple(self.action_space.keys)
-        if tuple(gate.cfg.keys) != keys:
-            raise ValueError(f"key gate reads keys {list(gate.cfg.keys)}, the world's are {list(keys)}")
-        if gate.cfg.in_channels != self.latent_shape[0]:
-            raise ValueError(
-                f"key gate reads {gate.cfg.in_channels} latent channels, the DiT makes {self.latent_shape[0]}"
-            )
-        self.gate = gate.to(device=self.device, dtype=self.dtype).eval()
-
-    def set_terrain(self, prior: TerrainPrior) -> None:
-        """Give the world a terrain prior: the tiles a session shows for the first time are drawn
-        from it (`Cartographer.invent`); needs an atlas (`atlas_tiles`)."""
-        if self.cartographer is None:
-            raise ValueError("a terrain prior needs an atlas (atlas_tiles > 0)")
-        self.cartographer.set_prior(prior.to(device=self.device, dtype=self.dtype).eval())
-
-    @property
-    def terrain(self) -> TerrainPrior | None:
-        """The terrain prior sessions' atlases draw new tiles from (`set_terrain`), or None."""
-        return None if self.cartographer is None else self.cartographer.prior
+    def set_plugin(self, plugin: WorldPlugin | None) -> None:
+        """Give the world its plug-in, bound to it (checked, on its device and dtype); None: none."""
+        if plugin is not None:
+            plugin.bind(self)
+        self.plugin = plugin
 
     # -- description ----------------------------------------------------------------------------
-
-    @property
-    def keeps_last(self) -> bool:
-        """Whether sessions keep their latest latent frame (`WorldState.last_latent`): read by
-        `carry` and `steer`."""
-        return bool(self.config.carry_channels) or self.gate is not None
-
-    @property
-    def remembers(self) -> bool:
-        """Whether sessions keep an atlas of the tiles they have shown (`WorldState.atlas`):
-        `atlas_tiles` > 0 and a key gate that plans the view's motion."""
-        return self.cartographer is not None and self.gate is not None and self.gate.cfg.view
 
     @property
     def layout(self) -> FrameLayout:
@@ -320,13 +244,10 @@ class World:
         return self.row_bytes()
 
     def session_bytes(self) -> int:
-        """Device bytes one session holds: its pool row and, where sessions remember
-        (`remembers`), two atlas versions (the committed one and a chunk's in flight)."""
-        if not self.remembers:
-            return self.kv_bytes_per_session()
-        assert self.cartographer is not None
-        itemsize = torch.empty(0, dtype=self.dtype).element_size()
-        return self.kv_bytes_per_session() + 2 * self.cartographer.nbytes(itemsize)
+        """Device bytes one session holds: its pool row and, with a plug-in, two plug-in states
+        (the committed one and a chunk's in flight; `WorldPlugin.state_bytes`)."""
+        extra = 0 if self.plugin is None else 2 * self.plugin.state_bytes()
+        return self.kv_bytes_per_session() + extra
 
     # -- the K/V pool ---------------------------------------------------------------------------
 
@@ -623,100 +544,9 @@ class World:
     @torch.no_grad()
     def canonical(self, x0: torch.Tensor) -> torch.Tensor:
         """Generated latents (B, C, n, h, w) in the form they are shown in and kept as history:
-        the decoder's `canonical` where it has one (tile-aligned anchors, phases, palette), else
+        the decoder's `canonical` where it has one (a discrete part put in order), else
         as they are."""
         return x0 if self._canonical is None else self._canonical(x0)
-
-    @torch.no_grad()
-    def carry(self, noise: torch.Tensor, last: Sequence[torch.Tensor | None]) -> torch.Tensor:
-        """The sampler's noise (B, C, n, h, w) with the config's `carry_channels` of entry i set to
-        `last[i]` (C, 1, h, w), the latest latent frame of its history (`models.sampler.carry`);
-        entries whose `last` is None (padding, nothing committed yet) keep their draw."""
-        for i, z in enumerate(last):
-            if z is not None:
-                carry(noise[i : i + 1], z[None], self.config.carry_channels)
-        return noise
-
-    @torch.no_grad()
-    def steer(
-        self,
-        actions: torch.Tensor | None,
-        last: Sequence[torch.Tensor | None],
-        atlases: Sequence[Atlas | None] = (),
-    ) -> tuple[torch.Tensor | None, Pins | None]:
-        """A chunk's action rows (B, n, ..., width) with each movement key released in the frames
-        the world's key gate finds it blocked from entry i's latest latent frame `last[i]`
-        (C, 1, h, w) (`KeyGate.gate`), and, where the gate plans motion (`KeyGateConfig.view`),
-        the chunk's `Pins` (`KeyGate.plan`), with the tiles entry i's atlas `atlases[i]` remembers
-        in its frames' views (`Cartographer.recall`; `remembers` worlds). Entries past `last` or
-        whose `last` is None (padding, nothing committed) keep their actions and have no plan;
-        worlds without a gate keep theirs and pin nothing."""
-        rows = [i for i, z in enumerate(last) if z is not None]
-        if self.gate is None or actions is None or not rows:
-            return actions, None
-        z = torch.stack([last[i][:, -1] for i in rows]).to(self.device, self.dtype)  # (k, C, h, w)
-        carto = self.cartographer if self.gate.cfg.view and any(atlases) else None
-        # The rows whose sessions keep atlases, read as one batch (`Atlas.stack`).
-        mapped = [
-            j for j, i in enumerate(rows) if carto is not None and i < len(atlases) and atlases[i] is not None
-        ]
-        ids = [rows[j] for j in mapped]
-        if mapped:
-            batch, lasts = Atlas.stack([atlases[i] for i in ids]), torch.stack([last[i] for i in ids])
-        edges = None
-        if carto is not None and carto.span:
-            edges = torch.full((len(rows), 2, 2), -1, dtype=torch.long, device=self.device)
-            if mapped:
-                edges[mapped] = carto.rooms(batch, lasts)
-        gated, plan = self.gate.steer(actions[rows], z, edges)  # plan: (k, 6, n)
-        out = actions.clone()
-        out[rows] = gated.to(actions.dtype)
-        if plan is None:
-            return out, None
-        values = plan.new_zeros(actions.shape[0], *plan.shape[1:])
-        values[rows] = plan
-        mask = torch.zeros(actions.shape[0], dtype=torch.bool)
-        mask[rows] = True
-        pins = Pins(marker_inputs(self.gate.cfg.marker), values.to(self.dtype), mask.to(self.device))
-        if carto is None:
-            return out, pins
-        phases = read_motion(plan, self.gate.cfg.marker)[0].long()  # (k, 2, n) px
-        b, n, hw = actions.shape[0], plan.shape[2], self.latent_shape[1:]
-        cells = torch.zeros(b, carto.k, n, *hw, dtype=self.dtype, device=self.device)
-        cell_mask = torch.zeros(b, 1, n, *hw, dtype=torch.bool, device=self.device)
-        if mapped:
-            cells[ids], cell_mask[ids] = carto.recall(batch, lasts, phases[mapped])
-        return out, replace(pins, cells=cells, cell_mask=cell_mask)
-
-    @staticmethod
-    def pin(x: torch.Tensor, pins: Pins | None) -> torch.Tensor:
-        """Latents (B, C, n, h, w) with `pins`' channels set to their values in the entries that
-        have a plan and the remembered tiles set where they hold (in place; returned;
-        `models.sampler.pin`)."""
-        if pins is None:
-            return x
-        pin(x, pins.channels, pins.values, pins.rows)
-        if pins.cells is not None and pins.cell_mask is not None:
-            k, b = pins.cells.shape[1], x.shape[0]
-            x[:, :k] = torch.where(pins.cell_mask[:b], pins.cells[:b].to(x.dtype), x[:, :k])
-        return x
-
-    @torch.no_grad()
-    def moves(self, x0: torch.Tensor) -> torch.Tensor | None:
-        """Generated chunks (B, C, n, h, w) before `canonical` -> the tiles (B, 2) each anchor moves
-        (`Cartographer.moves`); None for worlds without atlases."""
-        return None if self.cartographer is None else self.cartographer.moves(x0)
-
-    @torch.no_grad()
-    def remember(self, atlas: Atlas | None, moved: torch.Tensor | None, last: torch.Tensor) -> Atlas:
-        """A session's atlas after a committed frame `last` (C, 1, h, w) in canonical form whose
-        anchor moved `moved` (2,) tiles (`moves`): a new version; `atlas` None starts one at the
-        start frame."""
-        assert self.cartographer is not None, "remember() on a world without atlases"
-        if atlas is None:
-            return self.cartographer.start(last)
-        assert moved is not None
-        return self.cartographer.write(atlas, moved, last)
 
     @torch.no_grad()
     def context(

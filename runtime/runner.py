@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from models.actions import FrameAction, group_actions
-from models.atlas import Atlas
 from models.kv_pool import ChunkIndex
+from models.plugin import PluginState
 from models.world import Conditioning, World
 from runtime.kv_cache import KVLayout
 from runtime.plan import ScheduledChunk, StepPlan
@@ -104,7 +104,7 @@ def _injected_fault(world: World, txn: Transaction | None) -> Iterator[None]:
 def is_fatal(exc: BaseException) -> bool:
     """Errors after which the device cannot be trusted (CUDA context lost): the engine dies."""
     text = str(exc)
-    return any(marker in text for marker in ("CUDA error", "device-side assert", "illegal memory access"))
+    return any(sign in text for sign in ("CUDA error", "device-side assert", "illegal memory access"))
 
 
 class StageClock:
@@ -194,12 +194,13 @@ class Batch:
         self.clock = StageClock(world.device)
         self.paid = paid  # owed clean passes this step ran first (their time counts as this batch's context)
         self.index = self._index()
-        self.last = self._last()
-        self.atlases = self._atlases()
-        # Keys the world's walls block are released before the DiT sees them, and a world that
-        # plans its motion pins what it knows of the chunk's frames, with the tiles it remembers
-        # (`World.steer`).
-        self.actions, self.pins = world.steer(self._actions(), self.last, self.atlases)
+        self.states = self._states()
+        # A world's plug-in picks the actions the DiT is conditioned on and what it pins in
+        # every clean estimate (`WorldPlugin.plan`).
+        actions = self._actions()
+        plan = world.plugin.plan(actions, self.states) if self.states else None
+        self.actions = plan.actions if plan is not None else actions
+        self.pin = plan.pin if plan is not None else None
         self.x0 = torch.empty(0)  # the clean estimate, set by denoise
         self.finite = torch.empty(0)  # (size,) bool: x0 is finite, read with the frames
         self.caches: list = []  # decoder caches of the live entries, set by decode
@@ -231,29 +232,26 @@ class Batch:
             acts = torch.cat([acts, acts.new_zeros(pad, *acts.shape[1:])])
         return acts.to(w.device, non_blocking=True)
 
-    def _last(self) -> list[torch.Tensor | None]:
-        """Each entry's latest latent frame for `World.carry` and `World.steer`: that of the
-        chunk it runs on top of (pipelined), else its stream's committed one; empty for worlds
-        that read none (`World.keeps_last`)."""
-        if not self.world.keeps_last:
+    def _states(self) -> list[PluginState | None]:
+        """Each entry's plug-in state: that of the chunk it runs on top of (pipelined) where that
+        chunk made one, else its stream's committed one; empty for worlds without a plug-in."""
+        if self.world.plugin is None:
             return []
-        return [t.after.tail if t.after is not None else t.stream.state.last_latent for t in self.txns]
-
-    def _atlases(self) -> list[Atlas | None]:
-        """Each entry's atlas (`World.remembers`): that of the chunk it runs on top of (pipelined),
-        else its stream's committed one; empty for worlds that keep none."""
-        if not self.world.remembers:
-            return []
-        return [t.after.atlas if t.after is not None else t.stream.state.atlas for t in self.txns]
+        out = []
+        for t in self.txns:
+            staged = t.after.plugin_state if t.after is not None else None
+            out.append(staged if staged is not None else t.stream.state.plugin_state)
+        return out
 
     def _noise(self, step: int) -> torch.Tensor:
-        """(size, C, n, h, w): each live entry's (seed, chunk, step) noise, zeros elsewhere; the
-        world's carry channels hold each entry's latest latent frame."""
+        """(size, C, n, h, w): each live entry's (seed, chunk, step) noise, zeros elsewhere, as the
+        world's plug-in adjusts it (`WorldPlugin.noise`)."""
         live = set(self.live)
         keys = [(t.stream.state.seed, t.chunk, step) if i in live else None for i, t in enumerate(self.txns)]
         noise = self.world.noise_batch(keys + [None] * (self.size - len(keys)), self.n)
-        if self.last:
-            noise = self.world.carry(noise, [z if i in live else None for i, z in enumerate(self.last)])
+        plugin = self.world.plugin
+        if plugin is not None and self.states:
+            noise = plugin.noise(noise, [st if i in live else None for i, st in enumerate(self.states)])
         return noise
 
     # -- boundaries -----------------------------------------------------------------------------
@@ -323,20 +321,19 @@ class Batch:
             ]
             with _injected_fault(w, armed[0] if armed and k == 0 else None):
                 pred = w.denoise(x, tk, self.index, self.actions)
-            self.x0 = w.pin(sched.to_x0(pred, x, sg), self.pins)
+            self.x0 = sched.to_x0(pred, x, sg)
+            if self.pin is not None:
+                self.x0 = self.pin(self.x0)
             if k + 1 < len(steps):
                 x = sched.next_x(self.x0, x, sg, sigmas[k + 1], lambda k=k: self._noise(k + 1))
         # Read on the host with the frames (no sync here): a chunk whose latents are not finite
         # (an overflowing input, a diverging model) is rolled back instead of poisoning the world.
         self.finite = torch.isfinite(self.x0).flatten(1).all(1)
-        moved = w.moves(self.x0) if self.atlases else None
+        raw = self.x0
         self.x0 = w.canonical(self.x0)  # what is shown is what the history keeps
-        if self.last:
-            tails = self.x0[:, :, -1:].clone()  # one copy for the batch; each entry keeps its row
-            for i in self.live:
-                self.txns[i].tail = tails[i]
-                if moved is not None:  # the atlas this chunk's commit installs
-                    self.txns[i].atlas = w.remember(self.atlases[i], moved[i], tails[i])
+        if w.plugin is not None:  # the plug-in states this chunk's commit installs
+            for i, st in w.plugin.advance(raw, self.x0, self.states, self.live).items():
+                self.txns[i].plugin_state = st
         self.clock.mark("denoised")
         return True
 
@@ -657,10 +654,8 @@ class Runner:
         st.video_frames += frames.shape[0]
         st.decoder = cache
         st.start_latents = None
-        if world.keeps_last:
-            st.last_latent = x0[0, :, -1:]
-        if world.remembers:
-            st.atlas = world.remember(None, None, x0[0, :, -1:])
+        if world.plugin is not None:
+            st.plugin_state = world.plugin.start(x0[0])
         return frames[-1]
 
     def _compute(

@@ -5,7 +5,7 @@ stage     records what the chunk produced: K/V sit in scratch slots past the com
           (or, where the runner defers the clean pass, are written right after commit, before
           anything reads them), the new decoder cache is a private object, frames are on the host.
 commit    atomically advances the KV length (eviction is implicit in the ring, sinks stay),
-          swaps the decoder cache (and the latest latent frame), advances the RNG key and the
+          swaps the decoder cache (and the world's plug-in state), advances the RNG key and the
           frame counters, appends to the action log — and only then is a `ChunkCommitted` (with
           its frames) handed out.
 rollback  drops the stage. Nothing committed was written, so the world is bit-identical to
@@ -20,10 +20,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from models.actions import FrameAction
-from models.atlas import Atlas
+from models.plugin import PluginState
 from models.vae import DecoderCache
 from models.world import WorldState
 from runtime.requests import ChunkCommitted, ChunkRequest, ChunkTimings, DebugHooks
@@ -83,13 +82,9 @@ class Transaction:
         # must commit first; if it does not, this one is rolled back and runs again.
         self.after = after
         self.n_latent = n_latent  # latent frames the chunk adds
-        # (C, 1, h, w) the chunk's last clean latent frame, set by the denoise for worlds that keep
-        # it (`World.keeps_last`): the stream's `last_latent` at commit, and what a chunk run on
-        # top reads.
-        self.tail: torch.Tensor | None = None
-        # The session's atlas after this chunk (`World.remembers`): its commit installs it, and a
-        # chunk run on top reads it.
-        self.atlas: Atlas | None = None
+        # The session's plug-in state after this chunk (`WorldPlugin.advance`), set by the
+        # denoise: its commit installs it, and a chunk run on top reads it.
+        self.plugin_state: PluginState | None = None
         if after is None:
             st = stream.state
             self.chunk = st.chunks + 1  # the chunk number a commit would create
@@ -128,10 +123,8 @@ class Transaction:
         st.chunks += 1
         st.video_frames += s.frames.shape[0]
         st.start_latents = None
-        if self.tail is not None:
-            st.last_latent = self.tail
-        if self.atlas is not None:
-            st.atlas = self.atlas
+        if self.plugin_state is not None:
+            st.plugin_state = self.plugin_state
         self.stream.action_log.append(self.actions)
         self._set_status(TxnStatus.COMMITTED)
         return ChunkCommitted(

@@ -52,7 +52,7 @@ class Budget:
 class PoolCost:
     """Device bytes the engine reserves for its sessions' state."""
 
-    per_session: int  # the largest world's session: its pool row and its plug-in state (atlas)
+    per_session: int  # the largest world's session: its pool row and its plug-in state
     fixed: int  # whatever the count: the spare (a reset's) and padding rows of every world's pool
 
     def total(self, sessions: int) -> int:

@@ -3,14 +3,15 @@
 Everything that defines the shipped model lives here as code, so the trainer, the registry and
 the benchmarks agree on it:
 
-* `ae_config()`    the fast autoencoder (models/fast_decoder.py): per-frame 8x8x8 latents of a 64x64 frame;
+* `ae_config()`    the fast autoencoder (models/tiny_world/fast_decoder.py): per-frame 8x8x8
+  latents of a 64x64 frame;
 * `dit_config()`   the causal Wan DiT with the keyboard action module (the game's KEYS, no mouse);
 * `marker_config()` the DiT's per-cell sprite marker on those latents (a DiT trained with `--marker`);
 * `TRAIN_SCHEDULE` the few-step schedule the DiT's self-forced stages unroll; `SERVE_STEPS`
   the steps it is served with (that schedule without its 500 step);
-* `world_config()` serving settings: 30 fps, image start, the served schedule, context noise,
-  the sampler's carried channels (`carried_channels()`: the player's place, the view's phase),
-  the sessions' atlas of the tiles they have shown (`atlas_tiles()`, with a gate that plans);
+* `world_config()` serving settings: 30 fps, image start, the served schedule, context noise;
+  the world's own behaviour is its plug-in (models/tiny_world/plugin.py: the sampler's carried
+  channels, `carried_channels()`; the key gate; the sessions' atlas, `atlas_tiles()`);
 * `start_image(seed)` the simulator's first frame for a session seed (what a session starts from);
 * `WEIGHTS_DIR`    the shipped model directory (worldserve.json + transformer/ + vae/).
 
@@ -25,16 +26,16 @@ from pathlib import Path
 import numpy as np
 
 from models.causal_wan import ActionConfig, CausalWanConfig, MarkerConfig
-from models.fast_decoder import PHASE_CHANNELS, SPRITE_CHANNELS, SPRITE_SCALE, FastAEConfig
 from models.game import FPS, KEYS, Game, GameConfig
-from models.key_gate import KeyGate
 from models.sampler import FlowSchedule
+from models.tiny_world.fast_decoder import PHASE_CHANNELS, SPRITE_CHANNELS, SPRITE_SCALE, FastAEConfig
+from models.tiny_world.key_gate import KeyGate
 from models.world import WorldConfig
 
 NAME = "tiny-world"
 SIZE = 64  # frame height and width, pixels (the game's default)
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-# Tiles across a session's atlas (models/atlas.py): the game's worlds are 40 tiles across, so a
+# Tiles across a session's atlas (models/tiny_world/atlas.py): the game's worlds are 40 tiles across, so a
 # session remembers all of one (a world the model invents may run further; the atlas then keeps
 # the 64 x 64 tiles around the view).
 ATLAS_TILES = 64
@@ -149,13 +150,8 @@ TRAIN_SCHEDULE = FlowSchedule(steps=(1000, 750, 500, 250), shift=1.0, num_train=
 SERVE_STEPS = (1000, 750, 250)
 
 
-def world_config(carry: tuple[int, ...] = (), atlas: int = 0) -> WorldConfig:
-    """Serving settings of the shipped world. `carry`: the latent channels the sampler starts from
-    the history's latest frame (`WorldConfig.carry_channels`; `carried_channels()`), for a DiT
-    trained so (`--sf-place-start`, `--sf-view-start`); `atlas`: `WorldConfig.atlas_tiles`
-    (`atlas_tiles()`), with the game's world size and border wall colours (its sessions learn
-    where the world ends, `Atlas.bounds`)."""
-    game = GameConfig()
+def world_config() -> WorldConfig:
+    """Serving settings of the shipped world (its plug-in's: `plugin.served_plugin`)."""
     return WorldConfig(
         id=NAME,
         fps=float(FPS),
@@ -165,10 +161,6 @@ def world_config(carry: tuple[int, ...] = (), atlas: int = 0) -> WorldConfig:
         context_noise=0.0,
         image_start=True,
         description="tiny causal Wan trained on the built-in game (WASD + space), from the seed's world",
-        carry_channels=tuple(carry),
-        atlas_tiles=atlas,
-        world_tiles=game.world_tiles if atlas else 0,
-        wall_rgb=tuple(tuple(c) for c in game.palette.wall) if atlas else (),
     )
 
 

@@ -1,4 +1,4 @@
-"""Add a key gate (`models.key_gate`) to a tiny-world model directory.
+"""Add a key gate (`models.tiny_world.key_gate`) to a tiny-world model directory.
 
     python -m models.tiny_world.gate --model DIR [--out DIR2] [--work SCRATCH] [--seed S]
 
@@ -22,8 +22,7 @@ from pathlib import Path
 
 import torch
 
-from models.tiny_world import atlas_tiles, world_config
-from models.tiny_world.loader import save_gate
+from models.tiny_world.plugin import save_gate, served_plugin
 from models.tiny_world.training.config import TrainConfig
 from models.tiny_world.training.trainer import Trainer
 
@@ -70,8 +69,9 @@ def add_gate(model: Path, out: Path | None, work: Path | None, seed: int, progre
         trainer.train_gate()
         save_gate(trainer.gate, target)
         meta = json.loads((target / "worldserve.json").read_text())
-        served = world_config(atlas=atlas_tiles(trainer.gate)).to_dict()  # as the recipe exports it
-        meta["world"].update({k: served[k] for k in ("atlas_tiles", "world_tiles", "wall_rgb")})
+        served = served_plugin(gate=trainer.gate)  # as the recipe exports it
+        settings = served.settings.to_dict()
+        meta["plugin"].update({k: settings[k] for k in ("atlas_tiles", "world_tiles", "wall_rgb")})
         (target / "worldserve.json").write_text(json.dumps(meta, indent=2))
         record = json.loads(trainer.log_path.read_text().splitlines()[-1])
     finally:

@@ -1,4 +1,4 @@
-"""Add a terrain prior (`models.terrain_prior`) to a tiny-world model directory.
+"""Add a terrain prior (`models.tiny_world.terrain_prior`) to a tiny-world model directory.
 
     python -m models.tiny_world.terrain --model DIR [--out DIR2] [--seed S] [--steps N]
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from models.game import GameConfig
-from models.tiny_world.loader import save_terrain
+from models.tiny_world.plugin import save_terrain
 from models.tiny_world.training.config import TrainConfig
 from models.tiny_world.training.prior import TerrainTrainConfig, class_maps, train_terrain
 

@@ -16,7 +16,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from models.fast_decoder import FastAEConfig, FastStreamingDecoder
 from models.registry import (
     build_world,
     from_name,
@@ -30,6 +29,7 @@ from models.registry import (
     with_decoder,
 )
 from models.taehv import TAEHV, TAEHVConfig, TAEHVDecoder
+from models.tiny_world.fast_decoder import FastAEConfig, FastStreamingDecoder
 from models.vae import WanStreamingVAE
 from models.world import Conditioning
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from diffusers import AutoencoderKLWan
 
-from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
+from models.tiny_world.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
 from models.vae import WanStreamingVAE, decode_batch, to_uint8
 
 

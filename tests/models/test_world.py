@@ -7,7 +7,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from models.registry import build_world, tiny_random_configs
-from models.world import Conditioning, World
+from models.world import Conditioning, World, WorldConfig
 from runtime.kv_cache import KVLayout
 
 
@@ -88,3 +88,11 @@ def test_compiled_chunks_have_one_graph_per_bucket_and_match_eager(slack):
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 2 * 3  # denoise and context, per bucket, once
     assert worst <= 1e-3, worst
+
+
+def test_a_world_config_with_settings_of_no_world_names_them():
+    """The flat layout before the plug-in block: its tiny-world keys are refused by name."""
+    good = WorldConfig(id="w", fps=8.0, width=32, height=32)
+    assert WorldConfig.from_dict(good.to_dict()) == good
+    with pytest.raises(ValueError, match=r"\['atlas_tiles', 'carry_channels'\].*\"plugin\" block"):
+        WorldConfig.from_dict({**good.to_dict(), "carry_channels": [8], "atlas_tiles": 64})

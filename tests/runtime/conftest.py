@@ -10,6 +10,7 @@ import torch
 
 from models.actions import FrameAction
 from models.registry import build_world, tiny_random_configs
+from models.tiny_world.plugin import TinyWorldPlugin, TinyWorldSettings
 from models.world import World
 from runtime.engine import Engine
 from runtime.requests import ChunkCommitted, ChunkRequest, Outcome
@@ -19,7 +20,7 @@ def small_world(
     image_start: bool = False, context_noise: float = 0.0, name: str = "tiny", carry: tuple[int, ...] = ()
 ) -> World:
     """tiny-random's architecture at 32x32 (fast), optionally image-started or carrying latent
-    channels from each chunk's latest frame (`WorldConfig.carry_channels`)."""
+    channels from each chunk's latest frame (the tiny world's plug-in, `carry_channels`)."""
     world, dit, vae = tiny_random_configs()
     world = replace(
         world,
@@ -28,9 +29,9 @@ def small_world(
         height=32,
         image_start=image_start,
         context_noise=context_noise,
-        carry_channels=carry,
     )
-    w = build_world(world, dit, vae, seed=0)
+    plugin = TinyWorldPlugin(TinyWorldSettings(carry_channels=carry)) if carry else None
+    w = build_world(world, dit, vae, seed=0, plugin=plugin)
     if image_start:
         gen = torch.Generator().manual_seed(0)
 

@@ -203,10 +203,10 @@ def test_image_started_world_prefills_the_image_when_the_stream_is_created(image
 
 
 def test_a_carrying_world_starts_each_chunk_from_its_latest_frame(monkeypatch):
-    """`WorldConfig.carry_channels`: the sampler's first input holds, in those channels, the
-    latest clean frame of the stream's history (the prefilled image, then each chunk's last
-    frame) on every frame; the other channels are the seed's noise. Queued together, so that a
-    pipelined engine runs each chunk on top of the one before it."""
+    """The tiny world's `carry_channels` (models/tiny_world/plugin.py): the sampler's first input
+    holds, in those channels, the latest clean frame of the stream's history (the prefilled
+    image, then each chunk's last frame) on every frame; the other channels are the seed's noise.
+    Queued together, so that a pipelined engine runs each chunk on top of the one before it."""
     world = small_world(image_start=True, carry=(0, 1), name="tiny-carry")
     first, clean = [], []
     denoise, context = world.denoise, world.context
@@ -237,7 +237,7 @@ def test_a_carrying_world_starts_each_chunk_from_its_latest_frame(monkeypatch):
         draw = world.noise(3, chunk, 0, x.shape[2])
         torch.testing.assert_close(x[0, 2:], draw[2:], rtol=0, atol=0)
         assert not torch.equal(x[0, :2], draw[:2])
-    assert torch.equal(e.runner.streams["s"].state.last_latent, clean[-1][0, :, -1:])
+    assert torch.equal(e.runner.streams["s"].state.plugin_state.last, clean[-1][0, :, -1:])
     with pytest.raises(ValueError, match="carry_channels"):  # a bad config fails at load
         small_world(carry=(0, 99))
 

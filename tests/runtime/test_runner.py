@@ -59,11 +59,11 @@ def test_one_step_for_eight_sessions_costs_at_most_thirty_percent_more_ops_than_
 
 
 def test_sessions_with_atlases_and_a_terrain_prior_batch_their_ops_too():
-    # The shipped tiny world pins remembered and invented tiles each chunk (models/atlas.py):
+    # The shipped tiny world pins remembered and invented tiles each chunk (models/tiny_world/atlas.py):
     # read one session at a time that was about 700 ops a session (8 sessions: 1.81x the ops of
     # one); read as a batch (`Atlas.stack`), 1.24x.
     world = from_name("tiny-world")
-    assert world.cartographer is not None and world.cartographer.prior is not None
+    assert world.plugin.cartographer is not None and world.plugin.cartographer.prior is not None
     one, eight = step_ops(world, 1), step_ops(world, 8)
     assert eight <= 1.35 * one, (one, eight)
 

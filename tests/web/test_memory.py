@@ -72,7 +72,7 @@ def test_the_server_admits_by_the_budget_it_is_given() -> None:
 
 def test_worlds_that_remember_count_their_atlases() -> None:
     world = registry.from_name("tiny-world")
-    assert world.remembers
+    assert world.plugin.remembers
     atlas = world.session_bytes() - world.kv_bytes_per_session()
     cost = pool_cost({"w": world}, pipelined=False)
     assert atlas > 0 and cost.per_session == cost.fixed // 2 + atlas  # fixed: a spare and a padding row

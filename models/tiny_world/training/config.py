@@ -120,15 +120,15 @@ class TrainConfig:
     # from the game's map), so the tokens must hold what the motion under a key depends on.
     sf_motion_aux: float = 0.0
     # The self-forced phases see every movement key released in the steps where a wall blocks it
-    # (`release_blocked`), as a world with a key gate (`models.key_gate`) serves its DiT: a held
+    # (`release_blocked`), as a world with a key gate (`models.tiny_world.key_gate`) serves its DiT: a held
     # key then always moves the player, and a blocked one is an idle frame.
     sf_release_blocked: bool = False
-    # The key gate (`models.key_gate`; models/tiny_world/gate.py), trained after the DiT stages on
+    # The key gate (`models.tiny_world.key_gate`; models/tiny_world/gate.py), trained after the DiT stages on
     # the same episodes' latents (0 steps: no gate). Half its frames see the player moved up to
     # `gate_jitter` px, as a generated frame may draw it.
     gate_steps: int = 3000
     gate_jitter: int = 6
-    # The terrain prior (`models.terrain_prior`; models/tiny_world/terrain.py), trained last on the
+    # The terrain prior (`models.tiny_world.terrain_prior`; models/tiny_world/terrain.py), trained last on the
     # training worlds' maps alone (0 steps, or no atlas: none; the DiT invents new terrain).
     terrain_steps: int = 3000
     warmup: int = 200  # linear warm-up steps of both optimisers

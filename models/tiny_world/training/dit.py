@@ -11,8 +11,9 @@ import torch
 from tqdm import tqdm
 
 from models.causal_wan import CausalWan, MarkerConfig, frame_attention_mask, sprite_marker
-from models.sampler import add_noise, carry
+from models.sampler import add_noise
 from models.tiny_world import TRAIN_SCHEDULE
+from models.tiny_world.sampling import carry
 from models.tiny_world.training.config import SF_STAGES, lr_at
 from models.tiny_world.training.targets import frames_of
 

@@ -1,4 +1,4 @@
-"""The key gate stage (`models.key_gate`): its config, its labels (the game's rule on each world's
+"""The key gate stage (`models.tiny_world.key_gate`): its config, its labels (the game's rule on each world's
 map, `free_walk`, `camera_room`) and its training, on every episode frame in the served
 history's form; `GateStage` is the trainer's `gate` stage."""
 
@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from models.causal_wan import marker_inputs
-from models.fast_decoder import SPRITE_SCALE, FastAutoencoder
+from models.tiny_world.fast_decoder import SPRITE_SCALE, FastAutoencoder
 from models.game import GameConfig, generate_world
-from models.key_gate import KeyGate, KeyGateConfig, read_motion
+from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
 from models.tiny_world import SIZE, atlas_tiles, marker_config
 from models.tiny_world.data import KEYS
 from models.tiny_world.metrics import KEY_AXES
@@ -266,7 +266,7 @@ class GateStage:
     """The trainer's `gate` stage (a part of `Trainer`)."""
 
     def train_gate(self) -> bool:
-        """The `gate` stage: a key gate (`models.key_gate`) on every episode frame as the served
+        """The `gate` stage: a key gate (`models.tiny_world.key_gate`) on every episode frame as the served
         history holds it (on its own anchor, `canonical`), labelled by the game's rule on each
         world's map (`free_walk`). Records its held-out accuracy in the log; always finishes."""
         c = self.cfg

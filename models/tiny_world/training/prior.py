@@ -1,4 +1,4 @@
-"""The terrain prior stage (`models.terrain_prior`): its data and its training.
+"""The terrain prior stage (`models.tiny_world.terrain_prior`): its data and its training.
 
 Each example is one tile of a map and what a session knows around it when that tile first comes
 into view (`known_mask`): the tiles behind the edge the view moves across, the rows that view
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from models.game import GameConfig, generate_world
-from models.terrain_prior import TerrainPrior, TerrainPriorConfig
+from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class PriorStage:
     """The trainer's `terrain` stage (a part of `Trainer`)."""
 
     def train_terrain(self) -> None:
-        """The `terrain` stage: the terrain prior (`models.terrain_prior`) on the training worlds'
+        """The `terrain` stage: the terrain prior (`models.tiny_world.terrain_prior`) on the training worlds'
         maps in the autoencoder's palette (`class_maps`). Records its held-out figures in the log."""
         c = self.cfg
         t0 = time.monotonic()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.fast_decoder import FastAutoencoder
+from models.tiny_world.fast_decoder import FastAutoencoder
 from models.game import GameConfig
 
 # Anchored targets (`sf_target` "anchor"): how far (frame pixels) the model's view may have

@@ -14,12 +14,13 @@ import torch
 from tqdm import tqdm
 
 from models.causal_wan import CausalWan, CausalWanConfig
-from models.fast_decoder import FastAutoencoder, FastStreamingDecoder
-from models.key_gate import KeyGate
-from models.terrain_prior import TerrainPrior
-from models.tiny_world import SIZE, ae_config, atlas_tiles, dit_config, marker_config, world_config
+from models.tiny_world.fast_decoder import FastAutoencoder, FastStreamingDecoder
+from models.tiny_world.key_gate import KeyGate
+from models.tiny_world.terrain_prior import TerrainPrior
+from models.tiny_world import SIZE, ae_config, dit_config, marker_config, world_config
 from models.tiny_world.data import Episodes
 from models.tiny_world.training.autoencoder import AutoencoderStage
+from models.tiny_world.plugin import served_plugin
 from models.tiny_world.training.config import SF_STAGES, STAGES, TrainConfig
 from models.tiny_world.training.dit import DiTStage, with_marker
 from models.tiny_world.training.gate import GateStage, gate_config
@@ -263,14 +264,12 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, GateStag
 
         # Served as the last trained phase carries (exported mid-run: as the current one).
         last = self.stage if self.stage in self.cfg.dit_stages() else self.cfg.dit_stages()[-1]
-        config = world_config(carry=self.carried(last), atlas=atlas_tiles(self.gate))
         world = World(
-            config,
+            world_config(),
             self.ema.eval(),
             FastStreamingDecoder(self.ae.eval()),
             start_image=None,
-            gate=self.gate,
-            terrain=self.terrain if config.atlas_tiles else None,
+            plugin=served_plugin(self.carried(last), self.gate, self.terrain),
         )
         model_dir = self.out / "model"
         save_world(world, model_dir, start_image={"kind": "game", "size": SIZE})

@@ -83,11 +83,12 @@ def test_the_gate_and_terrain_stages_export_a_world_with_both(tmp_path: Path):
     (terrain,) = [r for r in log if r["stage"] == "terrain"]
     assert terrain["examples"] == 8192 and terrain["cross_entropy"] > 0
     world = load_world(tmp_path / "run" / "model")
-    assert world.gate is not None and world.keeps_last
-    assert world.config.carry_channels == ()  # served as the last DiT stage (sf, no carry) trained it
-    assert world.remembers and world.config.atlas_tiles == ATLAS_TILES  # its gate plans the view
-    assert world.terrain is not None and world.cartographer.prior is world.terrain
-    assert world.terrain.cfg.classes == len(world.decoder.ae.cfg.palette)
+    plugin = world.plugin
+    assert plugin.gate is not None and plugin.keeps_last
+    assert plugin.settings.carry_channels == ()  # served as the last DiT stage (sf, no carry) trained it
+    assert plugin.remembers and plugin.settings.atlas_tiles == ATLAS_TILES  # its gate plans the view
+    assert plugin.terrain is not None and plugin.cartographer.prior is plugin.terrain
+    assert plugin.terrain.cfg.classes == len(world.decoder.ae.cfg.palette)
 
 
 def test_a_run_without_a_sprite_layer_asks_for_no_gate(tmp_path: Path, capsys):

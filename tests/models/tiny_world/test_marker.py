@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from models.causal_wan import MarkerConfig, frame_attention_mask, sprite_marker
-from models.fast_decoder import phase_channels, sprite_channels
 from models.registry import from_name, load_world
 from models.tiny_world import ae_config, marker_config
 from models.tiny_world.data import make_episodes
+from models.tiny_world.fast_decoder import phase_channels, sprite_channels
 from models.tiny_world.train import main
 from models.tiny_world.training.dit import with_marker
 from models.tiny_world.training.heads import AuxHeads

@@ -136,7 +136,7 @@ def test_the_third_phase_trains_sf2s_settings_with_the_phase_weight(tmp_path: Pa
     trained = [(r["stage"], r["step"]) for r in log if "loss" in r and r["stage"].startswith("sf")]
     assert trained == [("sf", 1), ("sf", 2), ("sf2", 1), ("sf2", 2), ("sf3", 1), ("sf3", 2)]
     assert len(three) == 2
-    assert load_world(tmp_path / "three" / "model").config.carry_channels == view_channels()
+    assert load_world(tmp_path / "three" / "model").plugin.settings.carry_channels == view_channels()
 
     train_tiny(tmp_path / "two", *TILED, "--sf2-steps", "2", "--sf3-steps", "0")
     again = train_tiny(
@@ -155,7 +155,7 @@ def test_no_phase_runs_after_one_of_no_steps(tmp_path: Path):
     train_tiny(tmp_path / "none", *TILED, "--sf-steps", "0", "--sf2-steps", "2", "--sf3-steps", "2")
     log = [json.loads(line) for line in (tmp_path / "none" / "train_log.jsonl").read_text().splitlines()]
     assert {r["stage"] for r in log if "loss" in r} == {"ae", "dit"}
-    assert load_world(tmp_path / "none" / "model").config.carry_channels == ()
+    assert load_world(tmp_path / "none" / "model").plugin.settings.carry_channels == ()
     train_tiny(tmp_path / "one", *TILED, "--sf3-steps", "2")  # TINY: --sf2-steps 0
     log = [json.loads(line) for line in (tmp_path / "one" / "train_log.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in log if "loss" in r][-1] == "sf"

@@ -62,18 +62,20 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     assert (cfg.sf3_steps, cfg.sf3_phase_weight) == (250, 2.0) and cfg.dit_stages()[-1] == "sf3"
     assert cfg.sf3_release_blocked and (cfg.gate_steps, cfg.gate_jitter) == (3000, 6)
     # The terrain prior (row BN): the `terrain` stage's, on the autoencoder's palette.
-    assert cfg.terrain_steps == 3000 and world.terrain is not None
-    assert world.terrain.cfg == terrain_config(world.decoder.ae.cfg.palette)
-    assert world.cartographer.prior is world.terrain
+    assert cfg.terrain_steps == 3000 and world.plugin.terrain is not None
+    assert world.plugin.terrain.cfg == terrain_config(world.decoder.ae.cfg.palette)
+    assert world.plugin.cartographer.prior is world.plugin.terrain
     # The key gate reads the latents the DiT makes and gives each key's room for one chunk.
-    assert world.gate is not None and world.gate.cfg.moves == tuple(KEY_AXES)
+    assert world.plugin.gate is not None and world.plugin.gate.cfg.moves == tuple(KEY_AXES)
     assert (
-        world.gate.cfg.horizon == world.chunk_frames and world.gate.cfg.in_channels == world.latent_shape[0]
+        world.plugin.gate.cfg.horizon == world.chunk_frames
+        and world.plugin.gate.cfg.in_channels == world.latent_shape[0]
     )
     trainer = Trainer(cfg, tmp_path, None, progress=False)
     # Served as its last phase trained: the view's phase carried from the latest frame.
-    assert world.config.carry_channels == trainer.carried("sf3") == view_channels()
-    assert world.config.atlas_tiles == atlas_tiles(world.gate) == ATLAS_TILES and world.remembers
+    assert world.plugin.settings.carry_channels == trainer.carried("sf3") == view_channels()
+    assert world.plugin.settings.atlas_tiles == atlas_tiles(world.plugin.gate) == ATLAS_TILES
+    assert world.plugin.remembers
     # Trained on TRAIN_SCHEDULE, served without its 500 step (model card, experiment BM).
     assert world.config.schedule == world_config().schedule
     assert world.config.schedule.steps == SERVE_STEPS and set(SERVE_STEPS) < set(TRAIN_SCHEDULE.steps)

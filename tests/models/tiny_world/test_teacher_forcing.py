@@ -99,8 +99,7 @@ def with_transformer(world, transformer, path):
         transformer.eval(),
         world.decoder,
         start_image=None,
-        gate=world.gate,
-        terrain=world.terrain,
+        plugin=world.plugin,
     )
     save_world(other, path, start_image={"kind": "game", "size": 64})
     return load_world(path)
@@ -145,20 +144,20 @@ def test_self_forced_history_is_the_engines_rollout(sink, carry, tmp_path):
     from models.tiny_world.training.history import rollout_history
     from models.world import Conditioning
 
-    shipped_carry = from_name("tiny-world").config.carry_channels
+    shipped_carry = from_name("tiny-world").plugin.settings.carry_channels
     # The trainer's rollouts draw every tile themselves: the world is served here without the
     # terrain prior, whose draws the atlas pins (the tiles shown never come back in these chunks).
     shutil.copytree(WEIGHTS_DIR, tmp_path / "w")
     card = json.loads((tmp_path / "w" / "worldserve.json").read_text())
-    del card["terrain"]
+    del card["plugin"]["terrain"]
     if sink:
         card["transformer"].update(sink_frames=1, window_frames=8)
     if carry:
-        card["world"]["carry_channels"] = list(carried_channels(place=True, view=True))
+        card["plugin"]["carry_channels"] = list(carried_channels(place=True, view=True))
     (tmp_path / "w" / "worldserve.json").write_text(json.dumps(card))
     world, n_chunks = load_world(tmp_path / "w"), 4 if sink or carry else 2
-    assert world.terrain is None and world.transformer.cfg.sink_frames == int(sink)
-    assert world.config.carry_channels == (carried_channels(True, True) if carry else shipped_carry)
+    assert world.plugin.terrain is None and world.transformer.cfg.sink_frames == int(sink)
+    assert world.plugin.settings.carry_channels == (carried_channels(True, True) if carry else shipped_carry)
     seed, chunk = 1_000_123, world.chunk_frames
     served, script = serve_random_policy(world, seed, n_chunks)
 
@@ -169,7 +168,7 @@ def test_self_forced_history_is_the_engines_rollout(sink, carry, tmp_path):
     noise = lambda j, k: world.noise(seed, j + 1, k, chunk)[None]  # noqa: E731 (chunk 0: the prefill)
     sched = world.config.schedule
     gen = torch.Generator()
-    carried = world.config.carry_channels
+    carried = world.plugin.settings.carry_channels
     lat = rollout_history(
         world.transformer,
         x0,
@@ -179,7 +178,7 @@ def test_self_forced_history_is_the_engines_rollout(sink, carry, tmp_path):
         noise,
         canonical=world.canonical,
         carry_channels=carried,
-        gate=world.gate,
+        gate=world.plugin.gate,
     )
     mine, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
     assert np.abs(mine.numpy().astype(int) - served.astype(int)).max() <= 1

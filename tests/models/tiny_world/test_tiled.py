@@ -15,10 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.fast_decoder import read_phase, read_sprite
 from models.registry import load_world
 from models.tiny_world import place_channels, start_image, view_channels
 from models.tiny_world.data import action_rows
+from models.tiny_world.fast_decoder import read_phase, read_sprite
 from models.tiny_world.training.clips import off_centre_starts
 from models.tiny_world.training.config import TrainConfig
 from models.tiny_world.training.dit import teacher_forcing_layout
@@ -136,7 +136,7 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
     world = load_world(out / "model")
     assert world.latent_shape == (15, 12, 12)
     # The place carried since the first phase, the view's phase since the second: served so.
-    assert world.config.carry_channels == tuple(range(8, 14))
+    assert world.plugin.settings.carry_channels == tuple(range(8, 14))
     assert world.decoder.ae.latents_std[12:].flatten().tolist() == [1.0, 1.0, 1.0]
     served, _ = serve_random_policy(world, 1_000_321, 2)
     assert served.shape == (9, 64, 64, 3) and np.ptp(served) > 0

@@ -110,7 +110,7 @@ def test_a_run_checkpointed_before_the_second_phase_resumes_without_it(tmp_path:
     assert "done" in capsys.readouterr().out
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in log if "loss" in r][-1] == "sf"  # no second phase appended
-    assert load_world(out / "model").config.carry_channels == ()
+    assert load_world(out / "model").plugin.settings.carry_channels == ()
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ every frame lies on the tile grid, so it can keep what it has shown. The atlas h
 tile a session has shown (a terrain tile, not part of a creature: `FastAutoencoder.flat_cells`) at
 its place on the grid; when a chunk's frames bring remembered tiles back into view, the sampler
 draws the chunk around them (`World.steer` pins them as it pins the plan). Tiles never shown are
-drawn from the world's terrain prior where it has one (`invent`, models/terrain_prior.py: the
+drawn from the world's terrain prior where it has one (`invent`, models/tiny_world/terrain_prior.py: the
 game's structure, lakes with shores and straight walls, where the DiT's own guesses were a mosaic)
 and pinned alike; without one the DiT invents them. Tiles in the latest frame are left to the
 DiT (its history holds them, and a creature may walk over them).
@@ -37,8 +37,8 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from models.fast_decoder import FastAutoencoder, read_sprite
-from models.terrain_prior import TerrainPrior
+from models.tiny_world.fast_decoder import FastAutoencoder, read_sprite
+from models.tiny_world.terrain_prior import TerrainPrior
 
 EMPTY = -(2**62)  # the tag of a slot that holds nothing
 

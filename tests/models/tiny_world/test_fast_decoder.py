@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
+from models.tiny_world.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
 
 SMALL = dict(enc_channels=(4, 8, 8), dec_channels=(8, 8, 4), dec_up_blocks=(1, 0), spatial=4)
 

@@ -1,4 +1,4 @@
-"""The terrain prior (models/terrain_prior.py) and its training (models/tiny_world/terrain.py): it
+"""The terrain prior (models/tiny_world/terrain_prior.py) and its training (models/tiny_world/terrain.py): it
 learns a map's local structure from the maps alone, draws only the tiles it is asked to, each a
 fixed function of the context and the tile's place, and the second pass sees the first."""
 
@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from models.game import GameConfig, generate_world
-from models.terrain_prior import TerrainPrior, TerrainPriorConfig, uniform
 from models.tiny_world import WEIGHTS_DIR
 from models.tiny_world.training.prior import (
     TerrainTrainConfig,
@@ -21,6 +20,7 @@ from models.tiny_world.training.prior import (
     known_mask,
     train_terrain,
 )
+from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig, uniform
 
 PALETTE = json.loads((WEIGHTS_DIR / "vae" / "config.json").read_text())["palette"]
 
@@ -151,6 +151,6 @@ def test_the_cli_adds_a_prior_to_a_model_directory(tmp_path, capsys):
         torch.set_num_threads(n)
     assert "exists" in capsys.readouterr().err
     world = load_world(out)
-    assert world.terrain is not None and world.cartographer.prior is world.terrain
+    assert world.plugin.terrain is not None and world.plugin.cartographer.prior is world.plugin.terrain
     shipped = json.loads((WEIGHTS_DIR / "worldserve.json").read_text())
     assert json.loads((out / "worldserve.json").read_text())["world"] == shipped["world"]

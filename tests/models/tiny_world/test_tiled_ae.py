@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from models.fast_decoder import (
+from models.game import Game, GameConfig
+from models.tiny_world.fast_decoder import (
     PHASE_CHANNELS,
     SPRITE_CHANNELS,
     SPRITE_REACH,
@@ -29,7 +30,6 @@ from models.fast_decoder import (
     shift_cells,
     sprite_channels,
 )
-from models.game import Game, GameConfig
 
 TILED = dict(
     latent_channels=4 + PHASE_CHANNELS,

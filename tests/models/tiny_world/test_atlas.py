@@ -1,4 +1,4 @@
-"""The atlas (models/atlas.py) on the shipped tiny world's autoencoder: it keeps the flat tiles a
+"""The atlas (models/tiny_world/atlas.py) on the shipped tiny world's autoencoder: it keeps the flat tiles a
 frame shows wholly, at their place on the grid, and gives them back, as the encoder writes them,
 when a view shows them again, drawn as the game draws those tiles there."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.atlas import EMPTY, Atlas, Cartographer
 from models.game import simulate
 from models.registry import from_name
+from models.tiny_world.atlas import EMPTY, Atlas, Cartographer
 from models.tiny_world.metrics import free_worlds
 
 
@@ -99,7 +99,7 @@ def test_a_full_atlas_overwrites_the_slot_and_forgets_the_older_tile(world, cart
 @pytest.fixture(scope="module")
 def bounded(world):
     """The shipped world's cartographer: its sessions learn the world's bounds."""
-    return world.cartographer
+    return world.plugin.cartographer
 
 
 def edge_start(first: int = 1_070_000) -> tuple[int, np.ndarray]:
@@ -115,7 +115,7 @@ def edge_start(first: int = 1_070_000) -> tuple[int, np.ndarray]:
 
 
 def test_a_start_at_the_worlds_edge_bounds_that_axis(world, carto, bounded):
-    assert bounded.span == world.config.world_tiles * bounded.s - 64 > 0
+    assert bounded.span == world.plugin.settings.world_tiles * bounded.s - 64 > 0
     _, frame = edge_start()
     z = encode(world, frame)
     atlas = bounded.start(z)
@@ -146,7 +146,7 @@ def test_the_border_is_pinned_as_wall_where_it_was_never_seen(world, bounded):
     values, mask = recall(bounded, atlas, z, phases)
     s, k = bounded.s, bounded.k
     col = (int(p[0]) + 2 * s) // s  # the border's column of cells on the canvas
-    walls = torch.tensor(world.config.wall_rgb, dtype=torch.float32) / 127.5 - 1  # (shades, 3)
+    walls = torch.tensor(world.plugin.settings.wall_rgb, dtype=torch.float32) / 127.5 - 1  # (shades, 3)
     ae = world.decoder.ae
     for j in range(4):
         y = int(phases[1, j]) + 2 * s
@@ -170,9 +170,9 @@ def test_tiles_never_shown_are_drawn_from_the_terrain_prior(world, carto):
     p = carto.phase(z[:, 0][None])[0]
     phases = torch.stack([p[0] + torch.arange(8, 12), p[1].expand(4)])
     _, left_to_dit = recall(carto, atlas, z, phases)
-    assert world.terrain is not None
+    assert world.plugin.terrain is not None
     drawing = Cartographer(world.decoder.ae, 64)
-    drawing.set_prior(world.terrain)
+    drawing.set_prior(world.plugin.terrain)
     values, mask = recall(drawing, atlas, z, phases)
     again = recall(drawing, atlas, z, phases)
     assert torch.equal(values, again[0]) and torch.equal(mask, again[1])
@@ -192,7 +192,7 @@ def test_tiles_never_shown_are_drawn_from_the_terrain_prior(world, carto):
             err = (cell[None] - palette[:, :, None, None]).abs().amax(dim=(1, 2, 3))
             assert float(err.min()) < 0.05, (j, row)  # a flat tile in one of the game's colours
     with pytest.raises(ValueError, match="palette has 8"):
-        drawing.set_prior(type(world.terrain)(replace(world.terrain.cfg, classes=5)))
+        drawing.set_prior(type(world.plugin.terrain)(replace(world.plugin.terrain.cfg, classes=5)))
 
 
 def test_sessions_recall_together_as_each_would_alone(world):
@@ -200,7 +200,7 @@ def test_sessions_recall_together_as_each_would_alone(world):
     # other just started elsewhere (its entering column is drawn from the prior, with its own
     # salt). Each gets what it gets alone, so a batch never mixes sessions.
     drawing = Cartographer(world.decoder.ae, 64)
-    drawing.set_prior(world.terrain)
+    drawing.set_prior(world.plugin.terrain)
     seed = free_worlds(1, 24, 1_050_000, keys="d")[0]
     sim = simulate(seed, [frozenset("d")] * 24)
     z0, z24 = encode(world, sim.frames[0]), encode(world, sim.frames[24])

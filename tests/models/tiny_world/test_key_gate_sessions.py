@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from models.causal_wan import MarkerConfig, marker_inputs
-from models.key_gate import KeyGate, KeyGateConfig, read_motion
+from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
+from models.tiny_world.plugin import TinyWorldPlugin
 from models.world import Conditioning, World
 from runtime.engine import Engine
 from tests.runtime.conftest import close_frames, committed, keys, small_world
@@ -58,7 +59,7 @@ def play(world: World, *chunks: str) -> tuple[list, list]:
 
 def test_a_blocked_key_plays_as_idle_and_is_logged_as_sent():
     gated = keyed_world("gated")
-    gated.set_gate(fixed_gate(room=0))
+    gated.set_plugin(TinyWorldPlugin(gate=fixed_gate(room=0)))
     walked, log = play(gated, "d", "d")
     idle, _ = play(keyed_world("plain"), "", "")
     assert all(close_frames(a, b) for a, b in zip(walked, idle, strict=True))
@@ -67,7 +68,7 @@ def test_a_blocked_key_plays_as_idle_and_is_logged_as_sent():
 
 def test_a_key_with_room_plays_as_without_a_gate():
     gated = keyed_world("gated")
-    gated.set_gate(fixed_gate(room=2))
+    gated.set_plugin(TinyWorldPlugin(gate=fixed_gate(room=2)))
     with_gate, _ = play(gated, "d", "a")
     without, _ = play(keyed_world("plain"), "d", "a")
     idle, _ = play(keyed_world("plain"), "", "")
@@ -77,8 +78,8 @@ def test_a_key_with_room_plays_as_without_a_gate():
 
 def motion(engine: Engine) -> tuple[list[int], list[int]]:
     """The view's phase and the player's place (x, y) in stream "s"'s latest latent frame."""
-    z = engine.runner.streams["s"].state.last_latent
-    gate = engine.worlds["m"].gate
+    z = engine.runner.streams["s"].state.plugin_state.last
+    gate = engine.worlds["m"].plugin.gate
     values = z[list(marker_inputs(gate.cfg.marker)), -1].mean(dim=(1, 2))[None]
     phase, place = read_motion(values, gate.cfg.marker)
     return phase[0].tolist(), place[0].tolist()
@@ -88,7 +89,7 @@ def test_a_planned_chunk_is_generated_around_its_pinned_motion():
     """With a view head the committed frames hold the plan: the view scrolls one px a frame while
     the camera has room, then the player walks across it; an idle chunk keeps both."""
     world = keyed_world("planned")
-    world.set_gate(fixed_gate(room=2, scroll=2))
+    world.set_plugin(TinyWorldPlugin(gate=fixed_gate(room=2, scroll=2)))
     engine = Engine({"m": world})
     engine.add_stream("s", "m", Conditioning(seed=5))
     n = world.chunk_frames
@@ -98,6 +99,7 @@ def test_a_planned_chunk_is_generated_around_its_pinned_motion():
     assert motion(engine) == ([px + n, py], [ox, oy])
     committed(engine, "s", None)
     assert motion(engine) == ([px + n, py], [ox, oy])
-    world.set_gate(fixed_gate(room=2, scroll=0))  # the camera stands at the world's edge
+    # The camera stands at the world's edge.
+    world.set_plugin(TinyWorldPlugin(gate=fixed_gate(room=2, scroll=0)))
     committed(engine, "s", keys("s"))
     assert motion(engine) == ([px + n, py], [ox, oy + n])

@@ -1,8 +1,9 @@
-"""Sessions that keep an atlas (models/atlas.py) in the chunk loop: without a terrain prior the world
-plays as without an atlas until a place comes back into view, then draws the tiles it showed there;
-with one, the tiles that come into view first are the prior's, the same ones each time; the atlas
-moves only in a commit, so a cancelled chunk leaves it as it was and a pipelined chunk that loses
-the chunk below it runs again on the committed one; a fork shares it and a reset starts a new one."""
+"""Sessions that keep an atlas (models/tiny_world/atlas.py) in the chunk loop: without a terrain
+prior the world plays as without an atlas until a place comes back into view, then draws the
+tiles it showed there; with one, the tiles that come into view first are the prior's, the same
+ones each time; the atlas moves only in a commit, so a cancelled chunk leaves it as it was and a
+pipelined chunk that loses the chunk below it runs again on the committed one; a fork shares it
+and a reset starts a new one."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from models.atlas import EMPTY
 from models.game import simulate
 from models.registry import from_name, load_world
 from models.tiny_world import WEIGHTS_DIR
+from models.tiny_world.atlas import EMPTY
 from models.tiny_world.metrics import free_worlds, player_centroid
+from models.tiny_world.plugin import TinyWorldPlugin, TinyWorldSettings
 from models.world import Conditioning, World
 from runtime.engine import Engine
 from runtime.errors import CapacityError
@@ -30,19 +32,20 @@ OUT, BACK = "d" * 8, "a" * 8  # 32 px right (the tiles on the left leave the win
 
 def with_atlas(world: World, tiles: int) -> World:
     """`world` (its DiT, decoder and gate) with sessions that keep an atlas `tiles` across (0: none)."""
+    settings = replace(world.plugin.settings, atlas_tiles=tiles)
     return World(
-        replace(world.config, atlas_tiles=tiles),
+        world.config,
         world.transformer,
         world.decoder,
         start_image=world._start_image,
-        gate=world.gate,
+        plugin=TinyWorldPlugin(settings, gate=world.plugin.gate),
     )
 
 
 @pytest.fixture(scope="module")
 def mapped() -> World:
     world = from_name("tiny-world")
-    assert world.remembers  # the shipped world keeps an atlas
+    assert world.plugin.remembers  # the shipped world keeps an atlas
     return world
 
 
@@ -54,8 +57,8 @@ def plain(mapped: World) -> World:
 @pytest.fixture(scope="module")
 def remembering(mapped: World) -> World:
     """The shipped world's atlas without its terrain prior."""
-    assert mapped.terrain is not None
-    return with_atlas(mapped, mapped.config.atlas_tiles)
+    assert mapped.plugin.terrain is not None
+    return with_atlas(mapped, mapped.plugin.settings.atlas_tiles)
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +78,9 @@ def test_a_world_plays_as_without_an_atlas_until_a_place_comes_back(plain, remem
     out = len(OUT) + 1
     assert all(np.array_equal(a, b) for a, b in zip(without[:out], with_atlas[:out], strict=True))
     # Back on the start's anchor, every tile wholly in view is drawn as the start frame drew it.
-    st, carto = engine.runner.streams["s"].state, remembering.cartographer
-    assert st.atlas.origin.tolist() == [0, 0]
-    pos = carto.phase(st.last_latent[:, 0][None])
+    st, carto = engine.runner.streams["s"].state, remembering.plugin.cartographer
+    assert st.plugin_state.atlas.origin.tolist() == [0, 0]
+    pos = carto.phase(st.plugin_state.last[:, 0][None])
     start, end = with_atlas[0][0], with_atlas[-1][-1]
     assert torch.equal(pos, carto.phase(remembering.decoder.encode(start[None])[:, 0][None]))
     x, y = (pos[0] + 2 * carto.s).tolist()
@@ -102,7 +105,7 @@ def test_a_cancelled_chunk_leaves_the_atlas_as_it_was(mapped, seed, boundary):
     engine, _ = play(mapped, seed, OUT)
     reference, _ = play(mapped, seed, OUT)
     st = engine.runner.streams["s"].state
-    before = st.atlas
+    before = st.plugin_state.atlas
 
     def hook(stream_id: str, name: str) -> None:
         if name == boundary:
@@ -111,7 +114,7 @@ def test_a_cancelled_chunk_leaves_the_atlas_as_it_was(mapped, seed, boundary):
     engine.runner.boundary_hook = hook
     outcomes = run_chunk(engine, "s", keys("a"))
     assert [type(o) for o in outcomes] == [ChunkCancelled]
-    assert st.atlas is before
+    assert st.plugin_state.atlas is before
     engine.runner.boundary_hook = None
     for k in BACK:
         got, expected = committed(engine, "s", keys(k)), committed(reference, "s", keys(k))
@@ -152,12 +155,12 @@ def test_a_fork_shares_the_atlas_and_a_reset_starts_a_new_one(mapped, seed):
     engine, _ = play(mapped, seed, OUT)
     src = engine.runner.streams["s"].state
     engine.fork_stream("s", "f")
-    assert engine.runner.streams["f"].state.atlas is src.atlas
-    kept = src.atlas
+    assert engine.runner.streams["f"].state.plugin_state.atlas is src.plugin_state.atlas
+    kept = src.plugin_state.atlas
     committed(engine, "f", keys("a"))
-    assert src.atlas is kept and engine.runner.streams["f"].state.atlas is not kept
+    assert src.plugin_state.atlas is kept and engine.runner.streams["f"].state.plugin_state.atlas is not kept
     engine.reset_stream("s", Conditioning(seed=seed + 1))
-    fresh = engine.runner.streams["s"].state.atlas
+    fresh = engine.runner.streams["s"].state.plugin_state.atlas
     assert fresh is not kept and fresh.origin.tolist() == [0, 0]
 
 
@@ -187,35 +190,35 @@ def test_the_camera_stops_at_the_world_edge_the_session_has_seen(mapped):
     game = sim.player_pos[65:]
     assert game[-1][0] < 32  # the game's player ends off the centre, at the edge's side
     assert np.abs(model - game).max() <= 0.5
-    atlas = engine.runner.streams["s"].state.atlas
+    atlas = engine.runner.streams["s"].state.plugin_state.atlas
     assert (atlas.bounds[0] != EMPTY).all() and (atlas.bounds[1] == EMPTY).all()  # x learned at the start
 
 
 def test_an_atlas_needs_tile_aligned_latents():
     w = small_world()
     with pytest.raises(ValueError, match="tile-aligned"):
-        World(replace(w.config, atlas_tiles=64), w.transformer, w.decoder)
+        World(w.config, w.transformer, w.decoder, plugin=TinyWorldPlugin(TinyWorldSettings(atlas_tiles=64)))
 
 
 def test_a_model_directory_asking_for_an_atlas_needs_a_gate_that_plans(tmp_path):
     model = tmp_path / "model"
     shutil.copytree(WEIGHTS_DIR, model)
     meta = json.loads((model / "worldserve.json").read_text())
-    del meta["gate"]
+    del meta["plugin"]["gate"]
     (model / "worldserve.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="atlas_tiles needs a key gate"):
         load_world(model)
 
 
 def test_a_sessions_atlas_counts_in_the_engines_byte_budget(mapped, plain):
-    atlas = 2 * mapped.cartographer.nbytes(4)  # the committed version and a chunk's in flight
+    atlas = 2 * mapped.plugin.cartographer.nbytes(4)  # the committed version and a chunk's in flight
     assert mapped.session_bytes() == mapped.kv_bytes_per_session() + atlas
     assert plain.session_bytes() == plain.kv_bytes_per_session()
     spare_and_padding = 2 * mapped.kv_bytes_per_session()
     engine = Engine({"m": mapped}, max_kv_bytes=spare_and_padding + mapped.session_bytes())
     engine.add_stream("a", "m", Conditioning(seed=1))
     assert engine.memory.used_bytes == mapped.session_bytes()
-    assert engine.runner.streams["a"].state.atlas.nbytes == mapped.cartographer.nbytes(4)
+    assert engine.runner.streams["a"].state.plugin_state.atlas.nbytes == mapped.plugin.cartographer.nbytes(4)
     engine.remove_stream("a")
     tight = Engine({"m": mapped}, max_kv_bytes=spare_and_padding + mapped.session_bytes() - 1)
     with pytest.raises(CapacityError):

@@ -1,4 +1,4 @@
-"""The key gate (models/key_gate.py): which held keys it releases, and how a model directory
+"""The key gate (models/tiny_world/key_gate.py): which held keys it releases, and how a model directory
 carries it."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from models.causal_wan import MarkerConfig
-from models.key_gate import KeyGate, KeyGateConfig, read_motion
 from models.registry import build_world, load_world, save_world, tiny_random_configs
+from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
+from models.tiny_world.plugin import TinyState, TinyWorldPlugin
 
 KEYS = ("w", "a", "s", "d", "space")
 MOVES = (("d", 0, 1), ("a", 0, -1), ("s", 1, 1), ("w", 1, -1))
@@ -61,6 +62,11 @@ def test_each_entry_of_a_batch_is_gated_by_its_own_room():
     assert torch.equal(acts, torch.cat([rows("s", "s", "s"), rows("s", "s", "s")]))  # input untouched
 
 
+def states(*lasts: torch.Tensor | None) -> list[TinyState | None]:
+    """Sessions' plug-in states whose latest frames are `lasts` (None: nothing committed)."""
+    return [None if z is None else TinyState(z) for z in lasts]
+
+
 def test_the_config_round_trips_and_refuses_moves_outside_the_keys():
     cfg = gate_cfg()
     assert KeyGateConfig.from_dict(cfg.to_dict()) == cfg
@@ -71,14 +77,15 @@ def test_the_config_round_trips_and_refuses_moves_outside_the_keys():
 def test_a_world_keeps_its_gate_through_its_model_directory(tmp_path: Path):
     world_cfg, dit, vae = tiny_random_configs()
     world = build_world(world_cfg, dit, vae, seed=0)
-    assert not world.keeps_last
+    assert world.plugin is None
     torch.manual_seed(1)
-    world.set_gate(KeyGate(gate_cfg()))
-    assert world.keeps_last
+    world.set_plugin(TinyWorldPlugin(gate=KeyGate(gate_cfg())))
+    assert world.plugin.keeps_last
     save_world(world, tmp_path / "m")
     loaded = load_world(tmp_path / "m")
-    assert loaded.gate is not None and loaded.gate.cfg == world.gate.cfg
-    for (k, a), b in zip(world.gate.state_dict().items(), loaded.gate.state_dict().values(), strict=True):
+    assert loaded.plugin.gate is not None and loaded.plugin.gate.cfg == world.plugin.gate.cfg
+    mine, theirs = world.plugin.gate.state_dict(), loaded.plugin.gate.state_dict()
+    for (k, a), b in zip(mine.items(), theirs.values(), strict=True):
         assert torch.equal(a, b), k
 
 
@@ -86,25 +93,25 @@ def test_a_gate_must_read_the_worlds_keys_and_latents():
     world_cfg, dit, vae = tiny_random_configs()
     world = build_world(world_cfg, dit, vae, seed=0)
     with pytest.raises(ValueError, match="latent channels"):
-        world.set_gate(KeyGate(gate_cfg(channels=12)))
+        world.set_plugin(TinyWorldPlugin(gate=KeyGate(gate_cfg(channels=12))))
     cfg = gate_cfg()
     cfg.keys = ("w", "a", "s", "d")
     with pytest.raises(ValueError, match="keys"):
-        world.set_gate(KeyGate(cfg))
+        world.set_plugin(TinyWorldPlugin(gate=KeyGate(cfg)))
 
 
 def test_steer_leaves_entries_without_a_latest_frame_alone():
     world_cfg, dit, vae = tiny_random_configs()
     world = build_world(world_cfg, dit, vae, seed=0)
     acts = torch.cat([rows("d", "d"), rows("d", "d")])
-    assert world.steer(acts, [None, None]) == (acts, None)  # no gate
+    assert TinyWorldPlugin().steer(acts, [None, None]) == (acts, None)  # no gate
     gate = KeyGate(gate_cfg())
     with torch.no_grad():
         gate.out.weight.zero_()
         gate.out.bias.copy_(torch.tensor([1.0, 0, 0, 0, 0] * 4))  # every key: no room
-    world.set_gate(gate)
+    world.set_plugin(TinyWorldPlugin(gate=gate))
     z = torch.zeros(8, 1, 16, 16)
-    out, pins = world.steer(acts, [z, None])
+    out, pins = world.plugin.steer(acts, states(z, None))
     assert held(out[:1]) == ["", ""] and held(out[1:]) == ["d", "d"]
     assert pins is None  # a gate without a view head plans nothing
 
@@ -177,23 +184,23 @@ def test_idle_and_blocked_frames_hold_the_view_and_the_player():
 def test_a_view_gate_pins_the_plan_into_every_estimate():
     world_cfg, dit, vae = tiny_random_configs()
     world = build_world(world_cfg, dit, vae, seed=0)
-    world.set_gate(view_gate())
+    world.set_plugin(TinyWorldPlugin(gate=view_gate()))
     acts = torch.cat([rows("d", "d"), rows("d", "d")])
     z = latest((0, 0), (0, 0))[0, :, None]  # (C, 1, h, w)
-    out, pins = world.steer(acts, [z, None])
+    out, pins = world.plugin.steer(acts, states(z, None))
     assert pins is not None and pins.rows.tolist() == [True, False]
     x = torch.randn(2, 8, 2, 6, 6)
     before = x.clone()
-    world.pin(x, pins)
-    phase, place = read_motion(x[:, list(pins.channels)].mean(dim=(3, 4)), world.gate.cfg.marker)
+    pins.apply(x)
+    phase, place = read_motion(x[:, list(pins.channels)].mean(dim=(3, 4)), world.plugin.gate.cfg.marker)
     assert held(out) == ["d", "d"]
     assert phase[0, 0].tolist() == [1, 2] and place[0].abs().sum() == 0
     assert torch.equal(x[1], before[1])  # no plan: the entry keeps its own estimate
     others = [c for c in range(8) if c not in pins.channels]
     assert torch.equal(x[:, others], before[:, others])
     # At the world's edge the same keys walk the player instead.
-    world.set_gate(view_gate(scroll=0))
+    world.set_plugin(TinyWorldPlugin(gate=view_gate(scroll=0)))
     x = torch.randn(2, 8, 2, 6, 6)
-    world.pin(x, world.steer(acts, [z, None])[1])
-    phase, place = read_motion(x[:1, list(pins.channels)].mean(dim=(3, 4)), world.gate.cfg.marker)
+    world.plugin.steer(acts, states(z, None))[1].apply(x)
+    phase, place = read_motion(x[:1, list(pins.channels)].mean(dim=(3, 4)), world.plugin.gate.cfg.marker)
     assert phase.abs().sum() == 0 and place[0, 0].tolist() == [1, 2]

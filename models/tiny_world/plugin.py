@@ -1,0 +1,356 @@
+"""The tiny world's plug-in (`models.plugin.WorldPlugin`): its key gate, carried channels and atlas.
+
+What the built-in world adds to the shared DiT, decoder and schedule, all optional:
+
+* carried channels (`TinyWorldSettings.carry_channels`): the sampler's noise of those latent
+  channels is the history's latest frame (the player's place and the view's phase: the DiT was
+  trained to move them from where they were);
+* a key gate (`KeyGate`): the movement keys it finds blocked from the latest frame are released
+  before the DiT sees them and, for a gate that plans motion (`KeyGateConfig.view`), the chunk's
+  `Pins` (the view's phase, the player's place) are written into every clean estimate;
+* an atlas (`atlas_tiles` > 0 with a gate that plans the view): sessions keep the tiles they
+  have shown and draw the remembered ones when they come back into view, with the world's size
+  and wall colours (`world_tiles`, `wall_rgb`) and optionally a terrain prior for new tiles.
+
+A session's state (`TinyState`) is its latest latent frame and its atlas. worldserve.json keeps
+the settings in one block, the gate's and the terrain prior's configs inside it::
+
+    "plugin": {"name": "tiny_world", "carry_channels": [...], "atlas_tiles": 64,
+               "world_tiles": 40, "wall_rgb": [[r, g, b], ...],
+               "gate": KeyGateConfig, "terrain": TerrainPriorConfig}   (gate, terrain optional)
+
+with the weights at DIR/gate/key_gate.safetensors and DIR/terrain/terrain_prior.safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.causal_wan import marker_inputs
+from models.game import GameConfig
+from models.plugin import ChunkPlan, WorldPlugin
+from models.tiny_world import atlas_tiles
+from models.tiny_world.atlas import Atlas, Cartographer
+from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
+from models.tiny_world.sampling import carry, pin
+from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig
+
+if TYPE_CHECKING:
+    from models.world import World
+
+NAME = "tiny_world"  # worldserve.json "plugin.name"
+GATE_WEIGHTS = "gate/key_gate.safetensors"  # the key gate, relative to the model directory
+TERRAIN_WEIGHTS = "terrain/terrain_prior.safetensors"  # the terrain prior, likewise
+
+
+@dataclass
+class TinyWorldSettings:
+    """The plug-in's serving settings (worldserve.json "plugin", less "name", "gate", "terrain")."""
+
+    # Latent channels whose sampler noise is the history's latest frame instead of a random draw.
+    carry_channels: tuple[int, ...] = ()
+    # > 0: sessions keep a map of the tiles they have shown, this many tiles across (`Atlas`);
+    # needs tile-aligned latents and a key gate that plans the view's motion. 0: none.
+    atlas_tiles: int = 0
+    # > 0 with an atlas: the world is a square this many tiles across ringed by wall, each tile in
+    # one of the colours `wall_rgb` (`Atlas.bounds`). 0: the world's size is unknown.
+    world_tiles: int = 0
+    wall_rgb: tuple[tuple[int, int, int], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TinyWorldSettings:
+        """Inverse of `to_dict`."""
+        return cls(
+            carry_channels=tuple(data.get("carry_channels", ())),
+            atlas_tiles=int(data.get("atlas_tiles", 0)),
+            world_tiles=int(data.get("world_tiles", 0)),
+            wall_rgb=tuple(tuple(c) for c in data.get("wall_rgb", ())),  # type: ignore[misc]
+        )
+
+
+@dataclass(frozen=True)
+class TinyState:
+    """One session's state: its latest committed latent frame and its atlas (None: keeps none)."""
+
+    last: torch.Tensor  # (C, 1, h, w) in canonical form
+    atlas: Atlas | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the frame and the atlas."""
+        own = self.last.numel() * self.last.element_size()
+        return own + (self.atlas.nbytes if self.atlas is not None else 0)
+
+
+@dataclass
+class Pins:
+    """Latent channels a chunk's frames are known to hold before it is sampled (`plan`): written
+    into every clean estimate (`apply`), so the DiT draws the rest of the frame around them."""
+
+    channels: tuple[int, ...]
+    values: torch.Tensor  # (B, len(channels), n) normalised, the same in every cell of a frame
+    rows: torch.Tensor  # (B,) bool: the entries that have a plan (others keep their own estimate)
+    # Remembered tiles (sessions with an atlas): the cell channels (B, k, n, h, w) normalised, and
+    # where they hold (B, 1, n, h, w) bool.
+    cells: torch.Tensor | None = None
+    cell_mask: torch.Tensor | None = None
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Latents (B, C, n, h, w) with the channels set to their values in the entries that have
+        a plan and the remembered tiles set where they hold (in place; returned)."""
+        pin(x, self.channels, self.values, self.rows)
+        if self.cells is not None and self.cell_mask is not None:
+            k, b = self.cells.shape[1], x.shape[0]
+            x[:, :k] = torch.where(self.cell_mask[:b], self.cells[:b].to(x.dtype), x[:, :k])
+        return x
+
+
+@dataclass
+class TinyWorldPlugin(WorldPlugin):
+    """The tiny world's behaviour behind the seam (see the module docstring)."""
+
+    name = NAME
+    settings: TinyWorldSettings = field(default_factory=TinyWorldSettings)
+    gate: KeyGate | None = None  # which held keys the world's walls block (None: every key moves)
+    terrain: TerrainPrior | None = None  # draws the tiles sessions show for the first time
+    # Set by `bind`: writes and reads sessions' atlases (None: no atlas), the world's dtype.
+    cartographer: Cartographer | None = field(default=None, init=False)
+    dtype: torch.dtype = field(default=torch.float32, init=False)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"), init=False)
+    latent_shape: tuple[int, int, int] = field(default=(0, 0, 0), init=False)
+
+    def bind(self, world: World) -> None:
+        """Check the settings, gate and prior against `world`; move them to its device and dtype."""
+        s = self.settings
+        channels = world.latent_shape[0]
+        bad = [c for c in s.carry_channels if not 0 <= c < channels]
+        if bad:
+            raise ValueError(f"carry_channels {bad} are not latent channels (0..{channels - 1})")
+        self.device, self.dtype, self.latent_shape = world.device, world.dtype, world.latent_shape
+        if self.gate is not None:
+            keys, read = tuple(world.action_space.keys), tuple(self.gate.cfg.keys)
+            if read != keys:
+                raise ValueError(f"key gate reads keys {list(read)}, the world's are {list(keys)}")
+            if self.gate.cfg.in_channels != channels:
+                raise ValueError(
+                    f"key gate reads {self.gate.cfg.in_channels} latent channels, the DiT makes {channels}"
+                )
+            self.gate = self.gate.to(device=self.device, dtype=self.dtype).eval()
+        self.cartographer = None
+        if s.atlas_tiles > 0:
+            ae = getattr(world.decoder, "ae", None)
+            if ae is None or not ae.cfg.frame_size:
+                raise ValueError("atlas_tiles needs a decoder on tile-aligned latents")
+            self.cartographer = Cartographer(ae, s.atlas_tiles, s.world_tiles, s.wall_rgb)
+        if self.terrain is not None:
+            if self.cartographer is None:
+                raise ValueError("a terrain prior needs an atlas (atlas_tiles > 0)")
+            self.terrain = self.terrain.to(device=self.device, dtype=self.dtype).eval()
+            self.cartographer.set_prior(self.terrain)
+
+    # -- description ----------------------------------------------------------------------------
+
+    @property
+    def keeps_last(self) -> bool:
+        """Whether sessions keep their latest latent frame: read by `noise` and `plan`."""
+        return bool(self.settings.carry_channels) or self.gate is not None
+
+    @property
+    def remembers(self) -> bool:
+        """Whether sessions keep an atlas: `atlas_tiles` > 0 and a gate that plans the view."""
+        return self.cartographer is not None and self.gate is not None and self.gate.cfg.view
+
+    def state_bytes(self) -> int:
+        """Bytes of one atlas version where sessions remember (the latest frame is not counted)."""
+        if not self.remembers:
+            return 0
+        assert self.cartographer is not None
+        return self.cartographer.nbytes(torch.empty(0, dtype=self.dtype).element_size())
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def start(self, latents: torch.Tensor) -> TinyState | None:
+        """The state after the start latents (C, n, h, w): their last frame, a new atlas there."""
+        if not self.keeps_last:
+            return None
+        last = latents[:, -1:]
+        atlas = self.cartographer.start(last) if self.remembers and self.cartographer is not None else None
+        return TinyState(last, atlas)
+
+    @torch.no_grad()
+    def noise(self, noise: torch.Tensor, states: Sequence[TinyState | None]) -> torch.Tensor:  # type: ignore[override]
+        """The noise (B, C, n, h, w) with `carry_channels` of entry i set to its latest frame
+        (`sampling.carry`); entries without a state keep their draw."""
+        for i, st in enumerate(states):
+            if st is not None:
+                carry(noise[i : i + 1], st.last[None], self.settings.carry_channels)
+        return noise
+
+    def plan(self, actions: torch.Tensor | None, states: Sequence[TinyState | None]) -> ChunkPlan:  # type: ignore[override]
+        """The chunk's actions and pins (`steer`)."""
+        out, pins = self.steer(actions, states)
+        return ChunkPlan(out, None if pins is None else pins.apply)
+
+    @torch.no_grad()
+    def steer(
+        self, actions: torch.Tensor | None, states: Sequence[TinyState | None]
+    ) -> tuple[torch.Tensor | None, Pins | None]:
+        """The chunk's action rows with each movement key released in the frames the gate finds it
+        blocked from entry i's latest frame (`KeyGate.steer`), and, where the gate plans motion,
+        `Pins` with the tiles entry i's atlas remembers in its frames' views (`Cartographer.recall`).
+        Entries without a state keep their actions and have no plan."""
+        rows = [i for i, st in enumerate(states) if st is not None]
+        if self.gate is None or actions is None or not rows:
+            return actions, None
+        last = [states[i].last for i in rows]  # type: ignore[union-attr]
+        z = torch.stack([x[:, -1] for x in last]).to(self.device, self.dtype)  # (k, C, h, w)
+        mapped = [j for j, i in enumerate(rows) if states[i].atlas is not None]  # type: ignore[union-attr]
+        carto = self.cartographer if self.gate.cfg.view and mapped else None
+        if carto is None:
+            mapped = []
+        ids = [rows[j] for j in mapped]
+        if mapped:
+            batch = Atlas.stack([states[i].atlas for i in ids])  # type: ignore[misc,union-attr]
+            lasts = torch.stack([states[i].last for i in ids])  # type: ignore[union-attr]
+        edges = None
+        if carto is not None and carto.span:
+            edges = torch.full((len(rows), 2, 2), -1, dtype=torch.long, device=self.device)
+            if mapped:
+                edges[mapped] = carto.rooms(batch, lasts)
+        gated, plan = self.gate.steer(actions[rows], z, edges)  # plan: (k, 6, n)
+        out = actions.clone()
+        out[rows] = gated.to(actions.dtype)
+        if plan is None:
+            return out, None
+        values = plan.new_zeros(actions.shape[0], *plan.shape[1:])
+        values[rows] = plan
+        mask = torch.zeros(actions.shape[0], dtype=torch.bool)
+        mask[rows] = True
+        pins = Pins(marker_inputs(self.gate.cfg.marker), values.to(self.dtype), mask.to(self.device))
+        if carto is None:
+            return out, pins
+        phases = read_motion(plan, self.gate.cfg.marker)[0].long()  # (k, 2, n) px
+        b, n, hw = actions.shape[0], plan.shape[2], self.latent_shape[1:]
+        cells = torch.zeros(b, carto.k, n, *hw, dtype=self.dtype, device=self.device)
+        cell_mask = torch.zeros(b, 1, n, *hw, dtype=torch.bool, device=self.device)
+        if mapped:
+            cells[ids], cell_mask[ids] = carto.recall(batch, lasts, phases[mapped])
+        return out, replace(pins, cells=cells, cell_mask=cell_mask)
+
+    @torch.no_grad()
+    def advance(
+        self,
+        raw: torch.Tensor,
+        shown: torch.Tensor,
+        states: Sequence[TinyState | None],  # type: ignore[override]
+        entries: Sequence[int],
+    ) -> dict[int, TinyState]:
+        """Entry i's latest frame of `shown` and, where sessions remember, its atlas with that
+        frame written where `raw`'s anchor moved (`Cartographer.moves`, `Cartographer.write`)."""
+        if not self.keeps_last:
+            return {}
+        carto = self.cartographer if self.remembers else None
+        moved = carto.moves(raw) if carto is not None else None
+        tails = shown[:, :, -1:].clone()  # one copy for the batch; each entry keeps its row
+        out = {}
+        for i in entries:
+            atlas = None
+            if carto is not None and moved is not None:
+                old = states[i].atlas if i < len(states) and states[i] is not None else None  # type: ignore[union-attr]
+                atlas = carto.start(tails[i]) if old is None else carto.write(old, moved[i], tails[i])
+            out[i] = TinyState(tails[i], atlas)
+        return out
+
+    def save(self, root: Path) -> dict[str, Any]:
+        """Write the gate and prior weights under `root`; returns the "plugin" block."""
+        block: dict[str, Any] = {"name": NAME, **self.settings.to_dict()}
+        if self.gate is not None:
+            block["gate"] = self.gate.cfg.to_dict()
+            _save_weights(self.gate, root / GATE_WEIGHTS)
+        if self.terrain is not None:
+            block["terrain"] = self.terrain.cfg.to_dict()
+            _save_weights(self.terrain, root / TERRAIN_WEIGHTS)
+        return block
+
+
+def _save_weights(module: torch.nn.Module, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().float().contiguous() for k, v in module.state_dict().items()}, str(path))
+
+
+def _load_weights(module: torch.nn.Module, path: Path) -> None:
+    """Strict: every key on both sides with the same shape (a wrong file fails at load)."""
+    state = load_file(str(path))
+    own = module.state_dict()
+    bad = sorted(set(own) ^ set(state)) + [k for k in own if k in state and own[k].shape != state[k].shape]
+    if bad:
+        raise ValueError(f"{path}: keys missing, unexpected or mismatched: {bad[:8]}")
+    module.load_state_dict(state, strict=True)
+
+
+def load_plugin(root: str | Path, block: dict[str, Any]) -> TinyWorldPlugin:
+    """The plug-in of a model directory `root` from its worldserve.json "plugin" block (on the
+    CPU; `World` moves it to its device)."""
+    root = Path(root)
+    if block.get("name") != NAME:
+        raise ValueError(f"{root}: plugin {block.get('name')!r} is not {NAME!r}")
+    settings = TinyWorldSettings.from_dict(block)
+    gate = terrain = None
+    if "gate" in block:
+        gate = KeyGate(KeyGateConfig.from_dict(block["gate"]))
+        _load_weights(gate, root / GATE_WEIGHTS)
+    if "terrain" in block:
+        terrain = TerrainPrior(TerrainPriorConfig.from_dict(block["terrain"]))
+        _load_weights(terrain, root / TERRAIN_WEIGHTS)
+    if settings.atlas_tiles and (gate is None or not gate.cfg.view):
+        raise ValueError(f"{root}: atlas_tiles needs a key gate that plans the view's motion (gate.view)")
+    return TinyWorldPlugin(settings, gate, terrain)
+
+
+def served_plugin(
+    carry_channels: Sequence[int] = (), gate: KeyGate | None = None, terrain: TerrainPrior | None = None
+) -> TinyWorldPlugin:
+    """The plug-in a tiny world is served with (as the trainer exports it): `carry_channels`, the
+    gate, and where the gate plans the view an atlas of the game's world (its size and border
+    wall colours) with the terrain prior."""
+    atlas = atlas_tiles(gate)
+    game = GameConfig()
+    settings = TinyWorldSettings(
+        carry_channels=tuple(carry_channels),
+        atlas_tiles=atlas,
+        world_tiles=game.world_tiles if atlas else 0,
+        wall_rgb=tuple(tuple(c) for c in game.palette.wall) if atlas else (),  # type: ignore[misc]
+    )
+    return TinyWorldPlugin(settings, gate, terrain if atlas else None)
+
+
+def _update_block(root: Path, part: str, module: torch.nn.Module, config: dict, weights: str) -> None:
+    meta_path = root / "worldserve.json"
+    meta = json.loads(meta_path.read_text())
+    block = meta.setdefault("plugin", {"name": NAME})
+    block[part] = config
+    _save_weights(module, root / weights)
+    meta_path.write_text(json.dumps(meta, indent=2))
+
+
+def save_gate(gate: KeyGate, path: str | Path) -> None:
+    """Write a key gate into a model directory: its weights, and its config as the "plugin"
+    block's "gate" (the rest of the directory is left as it is)."""
+    _update_block(Path(path), "gate", gate, gate.cfg.to_dict(), GATE_WEIGHTS)
+
+
+def save_terrain(prior: TerrainPrior, path: str | Path) -> None:
+    """Write a terrain prior into a model directory, as `save_gate` a gate ("terrain")."""
+    _update_block(Path(path), "terrain", prior, prior.cfg.to_dict(), TERRAIN_WEIGHTS)
