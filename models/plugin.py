@@ -18,7 +18,8 @@ brings a `WorldPlugin`; the runtime calls its hooks and never names what they do
 A plug-in state is a value, opaque to the runtime: a plain object of tensors with `nbytes`.
 Hooks never write a state in place (they return new ones), so a fork shares its source's state,
 a reset or remove drops it, and a snapshot can copy it out as it is. A session that has committed
-nothing yet (or whose world keeps nothing) has the state None.
+nothing yet (or whose world keeps nothing) has the state None. The seam among the rest of the
+architecture: docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations

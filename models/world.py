@@ -1,7 +1,7 @@
 """The world-model contract: a causal DiT, a streaming decoder and a schedule, batched over sessions.
 
 `World` implements the four calls the runtime's chunk transaction is built from
-(shared/DESIGN.md, "The world-model contract"):
+(docs/ARCHITECTURE.md, "The world contract"):
 
 * `init_state(cond)` -> `WorldState`: a row of the model's K/V pool, decoder cache, RNG key, counters;
 * `denoise(x_t, t, index, actions)` -> prediction; reads committed K/V, writes scratch only;

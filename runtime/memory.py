@@ -1,8 +1,8 @@
 """One owner of the sessions' device state: pool rows and bytes against one device budget.
 
 A session's device state is its world's K/V pool row (self, action and text K/V and the per-row
-extras, models/kv_pool.py) and, in a world that keeps plug-in state on the device (the atlas of a
-world that remembers), that state: `World.session_bytes` counts both. `DeviceMemory` is the one
+extras, models/kv_pool.py) and, in a world whose plug-in keeps per-session state on the device
+(models/plugin.py), that state: `World.session_bytes` counts both. `DeviceMemory` is the one
 place that
 
 * sizes every loaded world's pool from one budget they all share,
@@ -26,7 +26,8 @@ the room. A resize reallocates the pool (briefly holding the old and the new one
 world meets a new pool shape, so a server with one world never resizes after start-up.
 
 `budget` None: room for `max_sessions` sessions of the largest world (`budget_for`), which with one
-world is the `max_sessions + 1` rows (plus padding) the engine always had.
+world is the `max_sessions + 1` rows (plus padding) the engine always had. Every other memory
+bound of the server, and who owns it: docs/ARCHITECTURE.md, "Who owns what memory".
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ CHUNK_STAGE_MS = Histogram(
 )
 STREAMS = Gauge("worldserve_streams", "Worlds resident on the device.", registry=REGISTRY)
 KV_BYTES = Gauge(
-    "worldserve_kv_bytes", "Bytes reserved on the device for sessions (K/V rows, atlases).", registry=REGISTRY
+    "worldserve_kv_bytes",
+    "Bytes reserved on the device for sessions (K/V rows, plug-in state).",
+    registry=REGISTRY,
 )
 BATCH_SIZE = Histogram(
     "worldserve_batch_size",

@@ -10,6 +10,8 @@ commit    atomically advances the KV length (eviction is implicit in the ring, s
           its frames) handed out.
 rollback  drops the stage. Nothing committed was written, so the world is bit-identical to
           before and the stream can run its next chunk at once.
+
+Where this sits among the planes and how a cancel reaches it: docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations

@@ -56,15 +56,6 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
         "sprite_marker": "the DiT's marker input (to move)",
         "marker": "the DiT's marker input (to move)",
     },
-    "models/registry.py": {
-        # Until families register themselves (issue 40, item 4), the registry names the built-in
-        # world's directory, start image and plug-in loader.
-        "models.tiny_world": "the registry loads the built-in world",
-        "models.tiny_world.fast_decoder": "the registry builds the built-in world's decoder kind",
-        "models.tiny_world.plugin": "the registry loads the built-in world's plug-in",
-        "game_start_image": "the built-in world's start image",
-        "_tiny_world": "the built-in world's registry entry",
-    },
     "web/cli.py": {
         # `worldserve bench --script` reads per-frame actions in the game's script syntax.
         "models.game": "the action-script syntax of `worldserve bench`",

@@ -1,7 +1,8 @@
 """A fast streaming autoencoder of our own: per-frame 2D convs plus an optional causal temporal input.
 
-Why: the full Wan VAE decode costs more than the DiT (shared/ANCHORS.md: ~43 ms per latent frame at
-352x640 on an H200, ~30 ms per frame even at tiny sizes on a CPU). A world only needs a decoder
+Why: the full Wan VAE decode costs more than the DiT (~43 ms per latent frame at 352x640 on an
+H200 in bf16, as measured before this project's own GPU runs; ~30 ms per frame even at tiny sizes
+on a CPU). A world only needs a decoder
 that is fast, causal and exact when streamed. This one keeps all spatial work per latent frame and
 puts time in exactly one place, the decoder's input conv, which sees the current latent frame and
 the `temporal_kernel - 1` latent frames before it. The streaming cache is those previous latent

@@ -152,9 +152,17 @@ def test_importing_the_registry_imports_no_family():
 def test_families_register_themselves_once():
     assert "matrix-game-2" in registered("family")
     assert {"file", "game"} <= set(registered("start_image"))
-    assert {"gate", "terrain"} <= set(registered("part"))
+    assert "tiny_world" in registered("plugin")
     assert "fast" in registered("decoder")
     with pytest.raises(ValueError, match="already registered"):
         register("tiny-world", lambda device, dtype: None)
     with pytest.raises(ValueError, match="registry kind"):
-        register("x", None, kind="plugin")  # type: ignore[arg-type]
+        register("x", None, kind="part")  # type: ignore[arg-type]
+
+
+def test_an_unknown_plugin_is_named(tmp_path):
+    from models.registry import load_plugin
+
+    assert load_plugin(tmp_path, None) is None
+    with pytest.raises(ValueError, match="unknown plugin 'nope'"):
+        load_plugin(tmp_path, {"name": "nope"})

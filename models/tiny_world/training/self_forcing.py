@@ -12,9 +12,9 @@ import torch
 from tqdm import tqdm
 
 from models.causal_wan import CausalWan
-from models.tiny_world.fast_decoder import SPRITE_SCALE
 from models.game import Game, GameConfig, GameError, random_policy
 from models.tiny_world import SIZE, TRAIN_SCHEDULE, carried_channels, dit_config
+from models.tiny_world.fast_decoder import SPRITE_SCALE
 from models.tiny_world.metrics import off_centre
 from models.tiny_world.training.clips import (
     blocked_starts,

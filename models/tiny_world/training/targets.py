@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.tiny_world.fast_decoder import FastAutoencoder
 from models.game import GameConfig
+from models.tiny_world.fast_decoder import FastAutoencoder
 
 # Anchored targets (`sf_target` "anchor"): how far (frame pixels) the model's view may have
 # drifted from the game's and still be found, and how well it must match the game's terrain

@@ -14,13 +14,13 @@ import torch
 from tqdm import tqdm
 
 from models.causal_wan import CausalWan, CausalWanConfig
-from models.tiny_world.fast_decoder import FastAutoencoder, FastStreamingDecoder
-from models.tiny_world.key_gate import KeyGate
-from models.tiny_world.terrain_prior import TerrainPrior
 from models.tiny_world import SIZE, ae_config, dit_config, marker_config, world_config
 from models.tiny_world.data import Episodes
-from models.tiny_world.training.autoencoder import AutoencoderStage
+from models.tiny_world.fast_decoder import FastAutoencoder, FastStreamingDecoder
+from models.tiny_world.key_gate import KeyGate
 from models.tiny_world.plugin import served_plugin
+from models.tiny_world.terrain_prior import TerrainPrior
+from models.tiny_world.training.autoencoder import AutoencoderStage
 from models.tiny_world.training.config import SF_STAGES, STAGES, TrainConfig
 from models.tiny_world.training.dit import DiTStage, with_marker
 from models.tiny_world.training.gate import GateStage, gate_config

@@ -12,6 +12,7 @@ import torch
 
 from models.game import GameConfig, generate_world
 from models.tiny_world import WEIGHTS_DIR
+from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig, uniform
 from models.tiny_world.training.prior import (
     TerrainTrainConfig,
     class_maps,
@@ -20,7 +21,6 @@ from models.tiny_world.training.prior import (
     known_mask,
     train_terrain,
 )
-from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig, uniform
 
 PALETTE = json.loads((WEIGHTS_DIR / "vae" / "config.json").read_text())["palette"]
 
