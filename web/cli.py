@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-sessions",
         type=int,
         default=16,
-        help="live sessions; lowered to what --device-memory holds (default: %(default)s)",
+        help="live sessions at most (default: %(default)s); how many fit is up to --device-memory",
     )
     serve.add_argument(
         "--max-batch", type=int, default=4, help="sessions per engine step (default: %(default)s)"
@@ -273,8 +273,8 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool, threads: i
         type=parse_size,
         default=None,
         metavar="SIZE",
-        help="device memory the sessions' K/V state may take, e.g. 40GiB; the session count is lowered "
-        "to fit (default: CUDA: the free memory after the weights load, less "
+        help="device memory the sessions' state may take, shared by every loaded world, e.g. 40GiB; "
+        "opens past it are answered busy (default: CUDA: the free memory after the weights load, less "
         f"{memory.CUDA_MARGIN * 100:.0f}%% of the device; CPU: {memory.CPU_SHARE * 100:.0f}%% of the "
         "available RAM)",
     )
@@ -352,12 +352,11 @@ def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World]:
         raise StartupError(f"cannot load {', '.join(names)}: {exc}") from exc
 
 
-def _sessions_that_fit(
-    worlds: dict[str, World], args: argparse.Namespace, requested: int
-) -> tuple[int, memory.Budget]:
-    """``requested`` sessions, or fewer when their K/V state would not fit the device-memory budget
-    (web.memory: one warning line says so), and that budget (the engine sizes its pools from it);
-    a StartupError when not even one session fits."""
+def _device_budget(worlds: dict[str, World], args: argparse.Namespace, requested: int) -> memory.Budget:
+    """The device-memory budget the engine sizes its pools from and admits sessions by (in bytes,
+    every loaded world sharing it); one warning line when it holds fewer than ``requested``
+    sessions of the largest world (opens past what fits get `busy`), a StartupError when not even
+    one fits."""
     pipelined = SWITCH[getattr(args, "overlap_decode", "auto")]
     if pipelined is None:  # the engine's own default (runtime/engine.py)
         pipelined = any(w.device.type == "cuda" for w in worlds.values())
@@ -366,15 +365,17 @@ def _sessions_that_fit(
     if fits < requested:
         per = memory.pool_cost(worlds, pipelined).per_session
         log.warning(
-            "--max-sessions %d lowered to %d: a session's K/V state takes %s and the budget is %s (%s); "
-            "--device-memory sets the budget",
-            requested,
-            fits,
-            memory.format_bytes(per),
+            "the device-memory budget of %s (%s) holds %d sessions of %s, not --max-sessions %d: "
+            "a session's state takes %s; opens past what fits are answered busy (--device-memory "
+            "sets the budget)",
             memory.format_bytes(budget.nbytes),
             budget.source,
+            fits,
+            "the largest world" if len(worlds) > 1 else next(iter(worlds)),
+            requested,
+            memory.format_bytes(per),
         )
-    return fits, budget
+    return budget
 
 
 # -- serve --------------------------------------------------------------------------------------
@@ -390,14 +391,14 @@ def _serve(args: argparse.Namespace) -> int:
     check_bind(args.host, args.port)
     args.engine_threads = _engine_threads(args.threads)
     worlds = _load(args.model or [DEFAULT_MODEL], args)
-    max_sessions, budget = _sessions_that_fit(worlds, args, args.max_sessions)
+    budget = _device_budget(worlds, args, args.max_sessions)
     config = ServerConfig(
         host=args.host,
         port=args.port,
         token=args.token or os.environ.get(TOKEN_ENV) or None,
         debug_hooks=args.debug_hooks,
         default_model=next(iter(worlds)),
-        max_sessions=max_sessions,
+        max_sessions=args.max_sessions,
         device_memory=budget.nbytes,
         detach_ttl_s=args.detach_ttl,
         max_batch=args.max_batch,
@@ -429,8 +430,8 @@ async def _serve_until_signalled(server: Server) -> None:
     except torch.cuda.OutOfMemoryError as exc:  # the margin was too thin for this device
         await server.stop()
         raise StartupError(
-            f"out of device memory reserving {server.config.max_sessions} sessions' K/V state; "
-            "give a smaller --device-memory or --max-sessions"
+            "out of device memory sizing the sessions' K/V pools from the --device-memory budget; "
+            "give a smaller --device-memory"
         ) from exc
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -490,7 +491,7 @@ def _generate(args: argparse.Namespace) -> int:
         raise StartupError(f"--actions: {exc}") from exc
     args.engine_threads = _engine_threads(args.threads)
     worlds = _load([args.model or DEFAULT_MODEL], args)
-    _sessions_that_fit(worlds, args, 1)  # a one-shot is one session
+    _device_budget(worlds, args, 1)  # a one-shot is one session: it must fit
     (world,) = worlds.values()
     try:
         actions = script_actions(world, args.actions, args.chunks)

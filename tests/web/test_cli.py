@@ -337,24 +337,27 @@ def test_help_and_usage_errors_load_no_torch() -> None:
 # -- the sessions' K/V state against the device's memory -----------------------------------------
 
 
-def test_serve_lowers_max_sessions_to_what_the_budget_holds(
+def test_serve_says_how_many_sessions_the_budget_holds(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The session count stands (admission is by bytes, so smaller worlds' sessions can use the
+    room); one warning line says how many sessions of the world the budget holds."""
     from web import memory
 
     cost = memory.pool_cost({"w": registry.from_name("tiny-random")}, pipelined=False)
-    started: list[int] = []
+    started: list[tuple[int, int | None]] = []
 
     async def serve(server) -> None:  # instead of listening: what the server would be started with
-        started.append(server.config.max_sessions)
+        started.append((server.config.max_sessions, server.config.device_memory))
 
     monkeypatch.setattr(cli, "_serve_until_signalled", serve)
     argv = ["serve", "--model", "tiny-random", "--device", "cpu", "--port", "0", "--threads", "1"]
-    assert main([*argv, "--device-memory", str(cost.total(3) + 1)]) == 0
-    assert main([*argv, "--device-memory", str(cost.total(3) + 1), "--max-sessions", "2"]) == 0
-    assert started == [3, 2]  # lowered from the default 16; a smaller request stands
-    lowered = [r.getMessage() for r in caplog.records if "lowered" in r.getMessage()]
-    assert len(lowered) == 1 and lowered[0].startswith("--max-sessions 16 lowered to 3")
+    budget = cost.total(3) + 1
+    assert main([*argv, "--device-memory", str(budget)]) == 0
+    assert main([*argv, "--device-memory", str(budget), "--max-sessions", "2"]) == 0
+    assert started == [(16, budget), (2, budget)]
+    said = [r.getMessage() for r in caplog.records if "holds" in r.getMessage()]
+    assert len(said) == 1 and "holds 3 sessions of tiny-random, not --max-sessions 16" in said[0]
 
 
 def test_serve_says_in_one_line_when_not_even_one_session_fits(capsys: pytest.CaptureFixture[str]) -> None:
