@@ -56,10 +56,6 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
         "sprite_marker": "the DiT's marker input (to move)",
         "marker": "the DiT's marker input (to move)",
     },
-    "web/cli.py": {
-        # `worldserve bench --script` reads per-frame actions in the game's script syntax.
-        "models.game": "the action-script syntax of `worldserve bench`",
-    },
 }
 
 

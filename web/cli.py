@@ -148,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--actions",
         default="",
-        help='per-frame action script, e.g. "d*16,a*16,w+d*8,,space" (models.game syntax)',
+        help='per-frame action script, e.g. "d*16,a*16,w+d*8,,space" (keys joined by +, *N repeats)',
     )
     generate.add_argument("--prompt", default=None, help="prompt (text worlds; needs --prompt-embeds)")
     generate.add_argument(
@@ -447,17 +447,18 @@ async def _serve_until_signalled(server: Server) -> None:
 
 
 def script_actions(world: World, script: str, chunks: int | None) -> list[list[FrameAction]]:
-    """One action list per scripted chunk from a per-frame action script (models.game syntax).
+    """One action list per scripted chunk from a per-frame action script (`models.action_script`
+    syntax; key names from the world's action space).
 
     Each chunk takes as many script frames as it has video frames (image-started worlds first
     show their start image, which takes none); a chunk the script ends inside is padded with idle
     frames, and chunks past the script's end get no input. ``chunks`` None: just enough chunks
     to cover the script (8 without one).
     """
+    from models.action_script import parse_action_script
     from models.actions import FrameAction
-    from models.game import parse_action_script
 
-    frames = parse_action_script(script)
+    frames = parse_action_script(script, world.spec.action_space.keys)
     first = world.start_frames  # latent frames before the first scripted chunk
     n = world.chunk_frames
 
@@ -481,7 +482,7 @@ def script_actions(world: World, script: str, chunks: int | None) -> list[list[F
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from models.game import parse_action_script
+    from models.action_script import parse_action_script
 
     check_out(args.out)
     args.device = resolve_device(args.device)
@@ -496,8 +497,7 @@ def _generate(args: argparse.Namespace) -> int:
     try:
         actions = script_actions(world, args.actions, args.chunks)
     except ValueError as exc:
-        print(f"worldserve: --actions: {exc}", file=sys.stderr)
-        return 2
+        raise StartupError(f"--actions: {exc}") from exc
     started = time.perf_counter()
     if args.prompt and (problem := world.prompt_problem(args.prompt)) is not None:
         print(f"worldserve: --prompt: {problem}", file=sys.stderr)

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from models import action_script
+
 # The action space, in multi-hot order (index i of an encoded action is KEYS[i]).
 KEYS: tuple[str, ...] = ("w", "a", "s", "d", "space")
 
@@ -58,22 +60,7 @@ def encode_actions(actions: Sequence[Iterable[str]]) -> np.ndarray:
 
 def parse_action_script(script: str) -> list[frozenset[str]]:
     """Parse an action script (syntax in the module docstring) into one key set per frame."""
-    text = "".join(script.split())
-    if not text:
-        return []
-    actions: list[frozenset[str]] = []
-    for n, item in enumerate(text.split(",")):
-        keys_text, star, count_text = item.partition("*")
-        if star and not count_text.isdigit():
-            raise ValueError(f"item {n} ({item!r}): '*' must be followed by a count")
-        count = int(count_text) if star else 1
-        names = keys_text.split("+") if keys_text else []
-        try:
-            keys = check_keys(names)
-        except ValueError as err:
-            raise ValueError(f"item {n} ({item!r}): {err}") from err
-        actions.extend([keys] * count)
-    return actions
+    return action_script.parse_action_script(script, KEYS)
 
 
 def format_action_script(actions: Sequence[Iterable[str]]) -> str:

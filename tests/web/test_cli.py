@@ -184,7 +184,7 @@ def one_error_line(err: str) -> str:
         (["serve", "--device", "gpu"], "not a device"),
         (["serve", "--threads", "0"], "--threads 0"),
         (["generate", "--out", "MISSING/run.mp4"], "does not exist"),
-        (["generate", "--actions", "jump"], "--actions"),
+        (["generate", "--actions", "d*x"], "--actions"),
     ],
 )
 def test_startup_errors_are_one_line_before_any_model_work(
@@ -397,3 +397,11 @@ def test_a_missing_model_directory_is_named_as_a_path(
     assert main([command, "--model", str(missing), *extra]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert f"model directory {missing} does not exist" in line and "unknown model" not in line
+
+
+def test_generate_names_a_key_the_world_does_not_take(capsys: pytest.CaptureFixture[str]) -> None:
+    """Key names are the world's own: checked once it is loaded, in one line."""
+    argv = ["generate", "--model", "tiny-random", "--device", "cpu", "--actions", "d,jump", "--out"]
+    assert main([*argv, "/tmp/never-written.mp4"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "--actions: item 1 ('jump'): unknown key(s) ['jump']; valid keys are" in line
