@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -32,10 +32,12 @@ import torch
 from models.actions import ActionSpace, FrameLayout
 from models.causal_wan import CausalWan
 from models.kv_pool import ChunkIndex
-from models.matrix_game.image import ImageConditioner
 from models.plugin import PluginState, WorldPlugin
 from models.sampler import FlowSchedule, add_noise
 from models.vae import DecoderCache, StreamingDecoder, decode_batch
+
+if TYPE_CHECKING:
+    from models.matrix_game.image import ImageConditioner  # an image-started family's conditioner
 
 
 class ModelError(Exception):
