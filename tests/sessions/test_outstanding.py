@@ -15,7 +15,7 @@ from runtime.engine import EngineThread
 from runtime.requests import ChunkCommitted, DebugHooks, Outcome
 from sessions.events import CancelledEvent, ClosedEvent, FramesEvent, ReadyEvent
 from sessions.manager import OpenParams
-from sessions.session import MAX_STEPS_QUEUED
+from sessions.session import MAX_STEPS_QUEUED, Session
 from tests.sessions.conftest import Inbox, running
 
 W = [FrameAction(frozenset({"w"}))]
@@ -94,16 +94,22 @@ def answered(inbox: Inbox, steps: int) -> tuple[list[FramesEvent], CancelledEven
     return frames, cancels[0]
 
 
+async def lockstep(m, steps: int = 0) -> tuple[Session, Inbox]:
+    """A lockstep session (seed 1) attached to a fresh inbox, with `steps` steps sent."""
+    s = await m.open(OpenParams(seed=1, mode="lockstep"))
+    inbox = Inbox()
+    s.activate(inbox)
+    for seq in range(steps):
+        s.step(seq, W)
+    return s, inbox
+
+
 def test_reset_with_eight_steps_queued_cancels_them_before_ready(worlds):
     gate = Gate(chunk=1)
 
     async def main():
         async with running(worlds, hook=gate) as m:
-            s = await m.open(OpenParams(seed=1, mode="lockstep"))
-            inbox = Inbox()
-            s.activate(inbox)
-            for seq in range(MAX_STEPS_QUEUED):
-                s.step(seq, W)
+            s, inbox = await lockstep(m, MAX_STEPS_QUEUED)
             await gate.wait()  # chunk 1 mid-denoise, 2..8 queued
             reset = asyncio.create_task(m.reset(s, seq=50, seed=2))
             await asyncio.sleep(0)  # the reset's cancel is immediate; its world comes after
@@ -123,11 +129,7 @@ def test_reset_after_commits_names_the_first_chunk_that_did_not_commit(worlds):
 
     async def main():
         async with running(worlds, hook=gate) as m:
-            s = await m.open(OpenParams(seed=1, mode="lockstep"))
-            inbox = Inbox()
-            s.activate(inbox)
-            for seq in range(5):
-                s.step(seq, W)
+            s, inbox = await lockstep(m, 5)
             await gate.wait()  # chunks 1, 2 committed, 3 mid-denoise, 4, 5 queued
             await inbox.wait_for(FramesEvent, 2)
             reset = asyncio.create_task(m.reset(s, seq=50, seed=2))
@@ -171,9 +173,7 @@ def test_a_cancel_as_a_commit_is_on_its_way_comes_after_its_frames(worlds):
     async def main():
         async with running(worlds, thread=SteeredThread) as m:
             et: SteeredThread = m.engine
-            s = await m.open(OpenParams(seed=1, mode="lockstep"))
-            inbox = Inbox()
-            s.activate(inbox)
+            s, inbox = await lockstep(m)
             et.then = lambda: s.cancel(9)
             s.step(0, W)
             (c,) = await inbox.wait_for(CancelledEvent)
@@ -207,9 +207,7 @@ def test_a_realtime_reset_cancels_the_chunks_in_flight_like_a_cancel(worlds):
 def test_reset_with_nothing_outstanding_is_answered_by_ready_alone(worlds):
     async def main():
         async with running(worlds) as m:
-            s = await m.open(OpenParams(seed=1, mode="lockstep"))
-            inbox = Inbox()
-            s.activate(inbox)
+            s, inbox = await lockstep(m)
             s.step(0, W)
             await inbox.wait_for(FramesEvent)
             await m.reset(s, seq=50, seed=2)
@@ -223,11 +221,7 @@ def test_fork_leaves_the_sources_outstanding_steps_running(worlds):
 
     async def main():
         async with running(worlds, hook=gate) as m:
-            s = await m.open(OpenParams(seed=1, mode="lockstep"))
-            inbox = Inbox()
-            s.activate(inbox)
-            for seq in range(MAX_STEPS_QUEUED):
-                s.step(seq, W)
+            s, inbox = await lockstep(m, MAX_STEPS_QUEUED)
             await gate.wait()
             fork = asyncio.create_task(m.fork(s))
             await asyncio.sleep(0)
@@ -253,11 +247,7 @@ def test_close_answers_a_waiting_cancel_or_reset_before_closed(worlds, pending):
 
     async def main():
         async with running(worlds, hook=gate) as m:
-            s = await m.open(OpenParams(seed=1, mode="lockstep"))
-            inbox = Inbox()
-            s.activate(inbox)
-            for seq in range(3):
-                s.step(seq, W)
+            s, inbox = await lockstep(m, 3)
             await gate.wait()
             if pending == "cancel":
                 s.cancel(9)
@@ -278,11 +268,7 @@ def test_close_with_steps_queued_ends_with_closed(worlds):
 
     async def main():
         async with running(worlds, hook=gate) as m:
-            s = await m.open(OpenParams(seed=1, mode="lockstep"))
-            inbox = Inbox()
-            s.activate(inbox)
-            for seq in range(MAX_STEPS_QUEUED):
-                s.step(seq, W)
+            s, inbox = await lockstep(m, MAX_STEPS_QUEUED)
             await gate.wait()
             await inbox.wait_for(FramesEvent)
             await m.close(s)
