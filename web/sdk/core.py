@@ -143,7 +143,7 @@ class ClientCore:
         elif isinstance(msg, m.Cancelled):
             for key, seq in list(self._awaited.items()):
                 if key[0] == "step" and seq is not None and seq < msg.seq:  # rolled back
-                    self._reply(key, StepCancelled(f"step {seq} was cancelled by cancel {msg.seq}"))
+                    self._reply(key, StepCancelled(f"step {seq} was cancelled (by message {msg.seq})"))
             self._reply(("cancelled", msg.seq), msg)
         elif isinstance(msg, m.Forked):
             self._reply(("forked", msg.seq), msg)
