@@ -130,9 +130,8 @@ class Admission:
         return not self.loopback_hosts_only or is_loopback(urlsplit(origin).hostname or "")
 
     def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
-        """403 or 503 for a refused handshake; None lets it proceed."""
-        if not self.host_allowed(request):
-            return connection.respond(http.HTTPStatus.FORBIDDEN, "host not allowed\n")
+        """403 or 503 for a refused handshake; None lets it proceed. The Host check comes
+        before, for every path (`host_allowed`, web.routes)."""
         if not self.origin_allowed(request):
             return connection.respond(http.HTTPStatus.FORBIDDEN, "origin not allowed\n")
         busy = http.HTTPStatus.SERVICE_UNAVAILABLE

@@ -5,8 +5,9 @@ all loaded worlds share and admits sessions by bytes; this module works out that
 (`device_budget`) for `serve` to pass on, and, with the owner's own figures, how many sessions it
 holds. At a published size a row is gigabytes (Self-Forcing at 480x832: 12.3 GB in float32;
 7.0 GB in bfloat16 with the pipelined decode's slack), so `serve`'s defaults could ask for more
-than any device has. `fit_sessions` lowers the session count to what the budget holds, or says in
-one line what one session needs when not even that fits.
+than any device has. `fit_sessions` tells how many sessions of the largest world the budget
+holds (for `serve`'s one warning line), or says in one line what one session needs when not even
+that fits.
 
 The budget, unless ``--device-memory`` gives it:
 

@@ -3,8 +3,9 @@
 Routes: ``/healthz`` (JSON), ``/metrics`` (Prometheus text), ``/v1/models`` (JSON list),
 ``/v1/protocol.json`` (JSON schema of every message), ``/`` and any other file under the static
 directory (the browser client). ``/v1/session`` goes on to the websocket handshake once
-:mod:`web.admission` lets it (a request without ``Upgrade`` gets websockets' own 426); every other
-path needs a ``Host`` the admission accepts too (DNS rebinding), else HTTP 403.
+:mod:`web.admission` lets it (a request without ``Upgrade`` gets websockets' own 426). Every
+path, the handshake's too, first needs a ``Host`` the admission accepts (DNS rebinding), else
+HTTP 403.
 """
 
 import email.utils
@@ -47,10 +48,10 @@ class Routes:
     def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
         """A response for plain HTTP requests; None lets a websocket handshake proceed."""
         path = request.path.partition("?")[0]
+        if self.admission is not None and not self.admission.host_allowed(request):
+            return _response(http.HTTPStatus.FORBIDDEN, b"host not allowed\n")  # every path
         if path == SESSION_PATH:
             return None if self.admission is None else self.admission(connection, request)
-        if self.admission is not None and not self.admission.host_allowed(request):
-            return _response(http.HTTPStatus.FORBIDDEN, b"host not allowed\n")
         if "Upgrade" in request.headers:
             return _response(http.HTTPStatus.NOT_FOUND, b"websocket sessions live at /v1/session\n")
         if path == "/healthz":
