@@ -162,11 +162,7 @@ def start_image_fn(spec: dict | None, root: Path | None = None) -> Callable[[int
     a "file" path is relative to the model directory `root`."""
     if spec is None:
         return None
-    kind = spec.get("kind")
-    kinds = registered("start_image")
-    if kind not in kinds:
-        raise ValueError(f"unknown start_image kind {kind!r}; known: {sorted(kinds)}")
-    return kinds[kind](spec, root or Path("."))
+    return lookup("start_image", spec.get("kind"))(spec, root or Path("."))
 
 
 def file_start_image(spec: dict, root: Path) -> Callable[[int], np.ndarray]:
@@ -358,11 +354,11 @@ def load_plugin(root: Path, block: dict | None) -> WorldPlugin | None:
     """The plug-in a worldserve.json "plugin" block names (None: the world has none)."""
     if block is None:
         return None
-    name = block.get("name")
-    plugins = registered("plugin")
-    if name not in plugins:
-        raise ValueError(f"{root}: unknown plugin {name!r}; known: {sorted(plugins)}")
-    return plugins[name](root, block)
+    try:
+        loader = lookup("plugin", block.get("name"))
+    except ValueError as exc:
+        raise ValueError(f"{root}: {exc}") from exc
+    return loader(root, block)
 
 
 def load_world(
@@ -463,6 +459,14 @@ def registered(kind: Kind) -> dict[str, Any]:
                 importlib.import_module(module)
             _families_loaded = True
     return _TABLES[kind]
+
+
+def lookup(kind: Kind, name: object) -> Any:
+    """What a family registered as `name` in the `kind` table; ValueError naming the known ones."""
+    table = registered(kind)
+    if name not in table:
+        raise ValueError(f"unknown {kind.replace('_', ' ')} {name!r}; known: {sorted(table)}")
+    return table[name]
 
 
 def from_name(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> World:
