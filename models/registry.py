@@ -162,7 +162,7 @@ def start_image_fn(spec: dict | None, root: Path | None = None) -> Callable[[int
     a "file" path is relative to the model directory `root`."""
     if spec is None:
         return None
-    return lookup("start_image", spec.get("kind"))(spec, root or Path("."))
+    return lookup("start_image", spec.get("kind"), "start_image kind")(spec, root or Path("."))
 
 
 def file_start_image(spec: dict, root: Path) -> Callable[[int], np.ndarray]:
@@ -461,11 +461,12 @@ def registered(kind: Kind) -> dict[str, Any]:
     return _TABLES[kind]
 
 
-def lookup(kind: Kind, name: object) -> Any:
-    """What a family registered as `name` in the `kind` table; ValueError naming the known ones."""
+def lookup(kind: Kind, name: object, what: str | None = None) -> Any:
+    """What a family registered as `name` in the `kind` table; ValueError naming the known ones
+    (`what`: how the message names the entry; default the kind)."""
     table = registered(kind)
     if name not in table:
-        raise ValueError(f"unknown {kind.replace('_', ' ')} {name!r}; known: {sorted(table)}")
+        raise ValueError(f"unknown {what or kind} {name!r}; known: {sorted(table)}")
     return table[name]
 
 
