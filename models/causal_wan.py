@@ -30,6 +30,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
+from typing import Protocol
 
 import torch
 from diffusers.models.attention import FeedForward
@@ -112,61 +113,16 @@ class ActionConfig:
         return ActionSpace(keys=tuple(self.keys), mouse=self.mouse, vector_dim=self.vector_dim)
 
 
-@dataclass
-class MarkerConfig:
-    """Per-cell input channels that say where a sprite is relative to each latent cell, for
-    tile-aligned latents with a sprite layer (models/tiny_world/fast_decoder.py): the view's phase on its
-    canvas (cos, sin of 2 pi p / 2s per axis) and the sprite's centre in view pixels are the same
-    in every cell, so without them a token learns where the player is relative to itself only by
-    comparing those numbers with its own place, which RoPE does not give it (issue 11: the view
-    walks through walls next to the player). The marker is computed from the latents themselves,
-    so every pass (noisy chunk, clean history, cached or dense) sees the same function of its input."""
+class InputFeatures(Protocol):
+    """Extra per-cell input channels a world computes from the latents themselves: (B, C, F, H, W)
+    -> (B, `channels`, F, H, W), appended to the DiT's input in every pass (noisy chunk, clean
+    history, cached or dense), so every pass sees the same function of its input. A family
+    registers a factory (spec dict -> InputFeatures) under a name (models/registry.py kind
+    "input_features"); `CausalWanConfig.input_features` names it with its settings."""
 
-    phase: int  # first of the 4 phase channels (cos x, sin x, cos y, sin y)
-    place: int  # first of the 2 sprite centre channels (x, y)
-    mean: tuple[float, ...]  # the 6 raw = z * std + mean statistics of those channels, phase first
-    std: tuple[float, ...]
-    spatial: int = 8  # canvas pixels per cell
-    frame_size: int = 64  # view pixels
-    scale: float = 4.0  # view pixels per unit of a raw centre channel
-    reach: float = 2.0  # cells: offsets saturate beyond this
+    channels: int
 
-    channels = 2  # marker channels appended to the latents: the sprite's offset from the cell, x and y
-
-
-def marker_inputs(cfg: MarkerConfig) -> tuple[int, ...]:
-    """The six latent channels a marker reads: the view's 4 phase channels, then the sprite's 2
-    centre channels."""
-    return (*range(cfg.phase, cfg.phase + 4), cfg.place, cfg.place + 1)
-
-
-def marker_motion(values: torch.Tensor, cfg: MarkerConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalised values (B, 6, ...) of a frame's `marker_inputs` (a mean over its cells) -> the
-    view's phase on its canvas (B, 2, ...) in px in [-s/2, 3s/2) and the sprite's centre relative
-    to the view's centre (B, 2, ...) in px, x then y, unrounded, in the values' dtype."""
-    shape = (1, 6) + (1,) * (values.dim() - 2)
-    mean = torch.tensor(cfg.mean, dtype=values.dtype, device=values.device).view(shape)
-    std = torch.tensor(cfg.std, dtype=values.dtype, device=values.device).view(shape)
-    raw = values * std + mean
-    s = cfg.spatial
-    p = torch.atan2(raw[:, 1:4:2], raw[:, 0:4:2]) * (s / math.pi)  # in (-s, s]
-    return torch.where(p < -s / 2, p + 2 * s, p), raw[:, 4:6] * cfg.scale
-
-
-def sprite_marker(x: torch.Tensor, cfg: MarkerConfig) -> torch.Tensor:
-    """Latents (B, C, F, H, W) -> marker channels (B, 2, F, H, W): the sprite's centre minus each
-    cell's centre, in cells, clamped to +-reach and divided by it. The phase and the place are
-    averaged over a frame's cells first (so a noisy frame's marker is its best estimate)."""
-    p, offset = marker_motion(x[:, list(marker_inputs(cfg))].mean(dim=(3, 4)), cfg)  # (B, 2, F) each
-    s = cfg.spatial
-    centre = 2 * s + p + offset + cfg.frame_size / 2  # canvas pixels
-    h, w = x.shape[3:]
-    cx = torch.arange(w, device=x.device, dtype=x.dtype) * s + s / 2
-    cy = torch.arange(h, device=x.device, dtype=x.dtype) * s + s / 2
-    dx = (centre[:, 0, :, None, None] - cx) / s  # (B, F, 1, W)
-    dy = (centre[:, 1, :, None, None] - cy[:, None]) / s  # (B, F, H, 1)
-    out = torch.stack([dx.expand(-1, -1, h, w), dy.expand(-1, -1, h, w)], dim=1)
-    return out.clamp(-cfg.reach, cfg.reach) / cfg.reach
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass
@@ -195,7 +151,9 @@ class CausalWanConfig:
     action: ActionConfig | None = None  # None: no action module
     image_dim: int | None = None  # I2V (Matrix-Game): CLIP token width; cross-attention reads img_emb(tokens)
     cond_frames: int = 0  # I2V: latent frames of per-session conditioning kept (later frames reuse the last)
-    marker: MarkerConfig | None = None  # per-cell sprite marker channels appended to the input (tiny world)
+    # {"name": ..., settings}: extra input channels a registered function computes from the
+    # latents (`InputFeatures`); None: the latents alone
+    input_features: dict | None = None
 
     @property
     def dim(self) -> int:
@@ -285,11 +243,6 @@ class CausalWanConfig:
             action = dict(action)
             action["keys"] = tuple(action.get("keys", ()))
             kwargs["action"] = ActionConfig(**action)
-        marker = kwargs.get("marker")
-        if isinstance(marker, dict):
-            kwargs["marker"] = MarkerConfig(
-                **{**marker, "mean": tuple(marker["mean"]), "std": tuple(marker["std"])}
-            )
         return cls(**kwargs)
 
 
@@ -559,17 +512,22 @@ class CausalWanBlock(nn.Module):
 class CausalWan(nn.Module):
     """The causal Wan DiT. Weight names follow diffusers' `WanTransformer3DModel`."""
 
-    def __init__(self, cfg: CausalWanConfig) -> None:
+    def __init__(self, cfg: CausalWanConfig, features: InputFeatures | None = None) -> None:
+        """`features`: the `InputFeatures` that `cfg.input_features` names (built by
+        models/registry.py from the config), None when it names none."""
         super().__init__()
+        if (cfg.input_features is None) != (features is None):
+            raise ValueError("cfg.input_features and `features` come together: pass the features it names")
         if cfg.patch_size[0] != 1:
             raise ValueError("causal rollout caches whole latent frames: patch_size[0] must be 1")
         if cfg.chunk_frames > cfg.window_frames:
             raise ValueError("window_frames must hold at least one chunk")
         self.cfg = cfg
         dim = cfg.dim
-        marked = MarkerConfig.channels if cfg.marker else 0
+        self.input_features = features
+        extra = features.channels if features is not None else 0
         self.patch_embedding = nn.Conv3d(
-            cfg.in_channels + marked, dim, kernel_size=cfg.patch_size, stride=cfg.patch_size
+            cfg.in_channels + extra, dim, kernel_size=cfg.patch_size, stride=cfg.patch_size
         )
         self.condition_embedder = WanTimeTextImageEmbedding(
             dim=dim,
@@ -690,8 +648,8 @@ class CausalWan(nn.Module):
         return temb.unflatten(0, shape), tproj.unflatten(0, shape).unflatten(-1, (6, -1))
 
     def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
-        if self.cfg.marker is not None:
-            x = torch.cat([x, sprite_marker(x, self.cfg.marker)], dim=1)
+        if self.input_features is not None:
+            x = torch.cat([x, self.input_features(x)], dim=1)
         p = self.cfg.patch_size
         grid = (x.shape[2] // p[0], x.shape[3] // p[1], x.shape[4] // p[2])
         return self.patch_embedding(x).flatten(2).transpose(1, 2).contiguous(), grid

@@ -74,9 +74,10 @@ TAEHV_DEFAULT = "taew2_1"  # the TAEHV config of a taehv entry without one, and 
 # (root, meta, device, dtype) -> World of directories whose worldserve.json "family" is the name;
 # "start_image", a factory (spec, root) -> seed -> frame for a "start_image.kind"; "plugin", the
 # loader (root, block) -> `WorldPlugin` of a worldserve.json "plugin" block whose "name" it is;
-# "decoder", a `DecoderKind` for a worldserve.json "decoder.kind".
-Kind = Literal["world", "family", "start_image", "plugin", "decoder"]
-KINDS: tuple[Kind, ...] = ("world", "family", "start_image", "plugin", "decoder")
+# "decoder", a `DecoderKind` for a worldserve.json "decoder.kind"; "input_features", a factory
+# (spec) -> `InputFeatures` for a DiT config's `input_features` entry whose "name" it is.
+Kind = Literal["world", "family", "start_image", "plugin", "decoder", "input_features"]
+KINDS: tuple[Kind, ...] = ("world", "family", "start_image", "plugin", "decoder", "input_features")
 
 
 @dataclass(frozen=True)
@@ -286,7 +287,9 @@ def build_world(
     """
     if seed is not None:
         torch.manual_seed(seed)
-    transformer = CausalWan(dit).to(device=device, dtype=dtype)
+    spec = dit.input_features
+    features = lookup("input_features", spec.get("name"))(spec) if spec else None
+    transformer = CausalWan(dit, features).to(device=device, dtype=dtype)
     dec = build_decoder(vae, decoder, device, dtype)
     return World(world, transformer, dec, device=device, dtype=dtype, start_image=start_image, plugin=plugin)
 
@@ -431,6 +434,7 @@ _TABLES: dict[Kind, dict[str, Any]] = {
     "start_image": {"file": file_start_image},
     "plugin": {},
     "decoder": {},
+    "input_features": {},
 }
 _families_loaded = False
 _families_lock = threading.RLock()

@@ -47,14 +47,6 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
         # Wan's adaptive-norm gates (scale, shift, gate per block): the DiT's own word, not the key gate.
         "gate": "Wan's AdaLN gate",
         "c_gate": "Wan's AdaLN gate",
-        # The DiT's optional per-cell sprite marker input (null in the shipped model, but the
-        # trainer's `--marker` option and its tests build DiTs that read it): still to move
-        # behind a generic "extra input channels" hook of the DiT.
-        "MarkerConfig": "the DiT's marker input (to move)",
-        "marker_inputs": "the DiT's marker input (to move)",
-        "marker_motion": "the DiT's marker input (to move)",
-        "sprite_marker": "the DiT's marker input (to move)",
-        "marker": "the DiT's marker input (to move)",
     },
 }
 

@@ -25,11 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from models.causal_wan import ActionConfig, CausalWanConfig, MarkerConfig
+from models.causal_wan import ActionConfig, CausalWanConfig
 from models.game import FPS, KEYS, Game, GameConfig
 from models.sampler import FlowSchedule
 from models.tiny_world.fast_decoder import PHASE_CHANNELS, SPRITE_CHANNELS, SPRITE_SCALE, FastAEConfig
 from models.tiny_world.key_gate import KeyGate
+from models.tiny_world.marker import MarkerConfig
 from models.world import WorldConfig
 
 NAME = "tiny-world"

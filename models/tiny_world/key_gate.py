@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.causal_wan import MarkerConfig, marker_inputs, marker_motion, sprite_marker
 from models.tiny_world.fast_decoder import phase_channels
+from models.tiny_world.marker import MarkerConfig, marker_inputs, marker_motion, sprite_marker
 
 
 @dataclass

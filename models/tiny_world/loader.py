@@ -1,6 +1,7 @@
 """The tiny world's registrations: the `tiny-world` name, the "game" start image, the "fast"
-decoder kind, and its plug-in (key gate, atlas, terrain prior: models/tiny_world/plugin.py), which
-a worldserve.json "plugin" block with "name": "tiny_world" loads.
+decoder kind, its plug-in (key gate, atlas, terrain prior: models/tiny_world/plugin.py), which
+a worldserve.json "plugin" block with "name": "tiny_world" loads, and the DiT input features
+"sprite_marker" (models/tiny_world/marker.py) of DiTs trained with `--marker`.
 
 Importing this module registers them with `models.registry` (it is listed in `models.families`).
 """
@@ -16,6 +17,7 @@ import torch
 from models.registry import DecoderKind, load_world, register
 from models.tiny_world import NAME, WEIGHTS_DIR, start_image
 from models.tiny_world.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
+from models.tiny_world.marker import FEATURES, load_features
 from models.tiny_world.plugin import TinyWorldPlugin, load_plugin
 from models.world import World
 
@@ -51,3 +53,4 @@ register(
     kind="decoder",
 )
 register(TinyWorldPlugin.name, load_plugin, kind="plugin")
+register(FEATURES, load_features, kind="input_features")

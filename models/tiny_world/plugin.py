@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.causal_wan import marker_inputs
 from models.game import GameConfig
 from models.plugin import ChunkPlan, WorldPlugin
 from models.tiny_world import atlas_tiles
 from models.tiny_world.atlas import Atlas, Cartographer
 from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
+from models.tiny_world.marker import marker_inputs
 from models.tiny_world.sampling import carry, pin
 from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig
 

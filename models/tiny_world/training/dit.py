@@ -10,9 +10,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from models.causal_wan import CausalWan, MarkerConfig, frame_attention_mask, sprite_marker
+from models.causal_wan import CausalWan, frame_attention_mask
 from models.sampler import add_noise
 from models.tiny_world import TRAIN_SCHEDULE
+from models.tiny_world.marker import MarkerConfig, SpriteMarker, dit_marker, marker_spec, sprite_marker
 from models.tiny_world.sampling import carry
 from models.tiny_world.training.config import SF_STAGES, lr_at
 from models.tiny_world.training.targets import frames_of
@@ -77,7 +78,7 @@ def regrid(dit: CausalWan, patch: int, window: int) -> CausalWan:
     if old % patch or dit.cfg.patch_size[1] != dit.cfg.patch_size[2]:
         raise ValueError(f"cannot regrid a {dit.cfg.patch_size} patch to {patch}")
     cfg = replace(dit.cfg, patch_size=(1, patch, patch), window_frames=window)
-    out = CausalWan(cfg)
+    out = CausalWan(cfg, dit.input_features)
     state = dict(dit.state_dict())
     f = old // patch  # fine tokens per coarse token along each side; coarse row = i * patch + fine row
     w = state["patch_embedding.weight"]  # (D, C, 1, old, old)
@@ -106,7 +107,7 @@ def deepen(dit: CausalWan, layers: int, seed: int) -> CausalWan:
     new_cfg = replace(cfg, num_layers=layers, action=replace(cfg.action, blocks=layers))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        out = CausalWan(new_cfg)
+        out = CausalWan(new_cfg, dit.input_features)
     place = {i * layers // n: i for i in range(n)}
     state = out.state_dict()
     for key, value in dit.state_dict().items():
@@ -128,9 +129,9 @@ def with_marker(dit: CausalWan, marker: MarkerConfig) -> CausalWan:
     """A copy of `dit` that also reads the per-cell sprite marker (`sprite_marker`): the patch
     embedding grows the marker's input channels with zero weights, so the copy computes exactly
     what `dit` does until training gives them weight."""
-    if dit.cfg.marker is not None:
-        raise ValueError("the DiT already reads a marker")
-    out = CausalWan(replace(dit.cfg, marker=marker))
+    if dit.cfg.input_features is not None:
+        raise ValueError("the DiT already reads input features")
+    out = CausalWan(replace(dit.cfg, input_features=marker_spec(marker)), SpriteMarker(marker))
     state = dict(dit.state_dict())
     w = state["patch_embedding.weight"]  # (D, C, 1, ph, pw)
     pad = w.new_zeros(w.shape[0], MarkerConfig.channels, *w.shape[2:])
@@ -254,7 +255,7 @@ class DiTStage:
         if heads is not None and heads.marker is not None:
             # Every token of both copies predicts the marker of its cells in the clean frames.
             clean = torch.cat([hist, x0[:, :, 1:]], dim=2)
-            want = heads.marker_targets(sprite_marker(clean, dit.cfg.marker))
+            want = heads.marker_targets(sprite_marker(clean, dit_marker(dit.cfg)))
             aux = (heads.marker(last[0]) - want).pow(2).mean()
             total_loss = total_loss + c.sf_marker_aux * aux
             self.phase_log["marker_aux"] = aux.item()

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from models.causal_wan import marker_inputs
 from models.game import GameConfig, generate_world
 from models.tiny_world import SIZE, atlas_tiles, marker_config
 from models.tiny_world.data import KEYS
 from models.tiny_world.fast_decoder import SPRITE_SCALE, FastAutoencoder
 from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
+from models.tiny_world.marker import marker_inputs
 from models.tiny_world.metrics import KEY_AXES
 from models.tiny_world.training.targets import on_anchors
 

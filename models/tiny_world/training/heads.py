@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.causal_wan import MarkerConfig
+from models.tiny_world.marker import MarkerConfig
 from models.tiny_world.metrics import KEY_AXES
 
 

@@ -9,10 +9,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from models.causal_wan import CausalWan, frame_attention_mask, marker_inputs
+from models.causal_wan import CausalWan, frame_attention_mask
 from models.kv_pool import ChunkIndex
 from models.sampler import FlowSchedule
 from models.tiny_world.key_gate import KeyGate
+from models.tiny_world.marker import marker_inputs
 from models.tiny_world.sampling import carry, pin
 from models.tiny_world.training.dit import teacher_forcing_layout
 

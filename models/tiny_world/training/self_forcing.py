@@ -52,7 +52,7 @@ class SelfForcingStage:
         self.step = 0
         if self.stage == "sf" and (ema := self.sf_arch(self.ema)) is not None:
             self.ema = ema.requires_grad_(False)
-            self.dit = CausalWan(self.ema.cfg)
+            self.dit = CausalWan(self.ema.cfg, self.ema.input_features)
         self.mark()
         self.dit.load_state_dict(self.ema.state_dict())
         self.dit_opt = torch.optim.AdamW(
@@ -62,7 +62,7 @@ class SelfForcingStage:
         self.gen = torch.Generator().manual_seed(c.seed + 2_000_003)
         if c.sf_adv > 0:
             self.new_critic()
-        marker = c.sf_marker_aux > 0 and self.dit.cfg.marker is not None
+        marker = c.sf_marker_aux > 0 and self.dit.cfg.input_features is not None
         self.aux_heads = self.aux_opt = None
         if marker or c.sf_motion_aux > 0:
             self.new_aux_heads(marker, c.sf_motion_aux > 0)

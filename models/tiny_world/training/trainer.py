@@ -18,6 +18,7 @@ from models.tiny_world import SIZE, ae_config, dit_config, marker_config, world_
 from models.tiny_world.data import Episodes
 from models.tiny_world.fast_decoder import FastAutoencoder, FastStreamingDecoder
 from models.tiny_world.key_gate import KeyGate
+from models.tiny_world.marker import dit_features, dit_marker
 from models.tiny_world.plugin import served_plugin
 from models.tiny_world.terrain_prior import TerrainPrior
 from models.tiny_world.training.autoencoder import AutoencoderStage
@@ -170,13 +171,13 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, GateStag
         ema = self.ema
         if "dit_cfg" in state:
             if (cfg := CausalWanConfig.from_dict(state["dit_cfg"])) != ema.cfg:
-                ema = CausalWan(cfg)
+                ema = CausalWan(cfg, dit_features(cfg))
         elif self.stage in (*SF_STAGES, "done"):  # a checkpoint from before the shape was recorded
             ema = self.sf_arch(ema) or ema
         if ema is not self.ema:
             # The checkpoint holds the reshaped modules: build their shapes before loading.
             self.ema = ema.requires_grad_(False)
-            self.dit = CausalWan(self.ema.cfg)
+            self.dit = CausalWan(self.ema.cfg, self.ema.input_features)
             self.dit_opt = torch.optim.AdamW(self.dit.parameters(), betas=(0.9, 0.99), weight_decay=0.01)
         self.dit.load_state_dict(state["dit"])
         self.ema.load_state_dict(state["ema"])
@@ -227,8 +228,8 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, GateStag
         self.ae.load_state_dict(world.decoder.ae.state_dict())
         ae_cfg = world.decoder.ae.cfg
         self.ae.set_normalisation(torch.tensor(ae_cfg.latents_mean), torch.tensor(ae_cfg.latents_std))
-        if world.transformer.cfg.marker is not None:
-            self.ema = with_marker(self.ema, world.transformer.cfg.marker).requires_grad_(False)
+        if (marker := dit_marker(world.transformer.cfg)) is not None:
+            self.ema = with_marker(self.ema, marker).requires_grad_(False)
         self.ema.load_state_dict(world.transformer.state_dict())
         self.stage = "sf"
         self.begin_sf()
@@ -238,7 +239,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, GateStag
         """Give the DiT (and its EMA) the sprite marker (`with_marker`) if the current stage reads
         it and they do not yet (a fresh optimiser follows in every stage that can start here)."""
         m = self.cfg.marker
-        if not m or STAGES.index(self.stage) < STAGES.index(m) or self.ema.cfg.marker is not None:
+        if not m or STAGES.index(self.stage) < STAGES.index(m) or self.ema.cfg.input_features is not None:
             return
         marker = marker_config(self.ae.cfg)
         self.ema = with_marker(self.ema, marker).requires_grad_(False)

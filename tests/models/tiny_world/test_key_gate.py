@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.causal_wan import MarkerConfig
 from models.registry import build_world, load_world, save_world, tiny_random_configs
 from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
+from models.tiny_world.marker import MarkerConfig
 from models.tiny_world.plugin import TinyState, TinyWorldPlugin
 
 KEYS = ("w", "a", "s", "d", "space")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from models.causal_wan import MarkerConfig, marker_inputs
 from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
+from models.tiny_world.marker import MarkerConfig, marker_inputs
 from models.tiny_world.plugin import TinyWorldPlugin
 from models.world import Conditioning, World
 from runtime.engine import Engine

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from models.causal_wan import MarkerConfig, frame_attention_mask, sprite_marker
+from models.causal_wan import CausalWan, frame_attention_mask
 from models.registry import from_name, load_world
 from models.tiny_world import ae_config, marker_config
 from models.tiny_world.data import make_episodes
 from models.tiny_world.fast_decoder import phase_channels, sprite_channels
+from models.tiny_world.marker import MarkerConfig, dit_features, dit_marker, marker_spec, sprite_marker
 from models.tiny_world.train import main
 from models.tiny_world.training.dit import with_marker
 from models.tiny_world.training.heads import AuxHeads
@@ -78,7 +79,7 @@ def test_a_marked_copy_serves_the_original_frames_until_the_marker_has_weight(tm
     world = from_name("tiny-world")
     marker = marker_config(world.decoder.ae.cfg)
     marked = with_marker(world.transformer, marker)
-    assert marked.cfg.marker == marker and marked.patch_embedding.weight.shape[1] == 15 + 2
+    assert dit_marker(marked.cfg) == marker and marked.patch_embedding.weight.shape[1] == 15 + 2
     with pytest.raises(ValueError, match="already"):
         with_marker(marked, marker)
     loaded = with_transformer(world, marked, tmp_path / "marked")
@@ -95,7 +96,9 @@ def test_a_marked_copy_serves_the_original_frames_until_the_marker_has_weight(tm
 @torch.no_grad()
 def test_the_cached_and_the_dense_forward_see_the_same_marker(make_model):
     marker = MarkerConfig(phase=0, place=4, mean=(0.0,) * 6, std=(1.0,) * 6, frame_size=32)
-    model = make_model(tiny_config(in_channels=6, out_channels=6, marker=marker))
+    torch.manual_seed(0)
+    cfg = tiny_config(in_channels=6, out_channels=6, input_features=marker_spec(marker))
+    model = CausalWan(cfg, dit_features(cfg)).eval()
     model.patch_embedding.weight[:, 6:] = 1.0  # the marker weighs heavily
     text = torch.randn(2, 8)
     chunks = [torch.randn(1, 6, 2, H, W) for _ in range(3)]
@@ -118,9 +121,9 @@ def test_the_cli_trains_exports_and_resumes_a_marked_model(first: str, tmp_path:
     tiled = ("--ae-tiled", "true", "--ae-sprite", "true", "--episode-frames", "16", "--sf-sprite-jitter", "2")
     train_tiny(out, *tiled, "--sf2-steps", "2", "--sf3-steps", "0", "--marker", first)
     state = torch.load(out / "ckpt.pt", weights_only=False)
-    assert state["stage"] == "done" and state["dit_cfg"]["marker"] is not None
+    assert state["stage"] == "done" and state["dit_cfg"]["input_features"] is not None
     world = load_world(out / "model")
-    assert world.transformer.cfg.marker == marker_config(world.decoder.ae.cfg)
+    assert dit_marker(world.transformer.cfg) == marker_config(world.decoder.ae.cfg)
     assert world.transformer.patch_embedding.weight[:, 15:].abs().sum() > 0  # trained
     served, _ = serve_random_policy(world, 1_000_321, 2)
     assert served.shape == (9, 64, 64, 3)
