@@ -44,9 +44,9 @@ def original_keymap(layers: int) -> KeyMap:
             src + "attn.o.weight": dst + "attn.o.weight",
             src + "pos_embedding.embedding.weight": dst + "attn.rel_bias.weight",
             src + "norm2.weight": dst + "ffn_norm.weight",
-            src + "ffn.gate.0.weight": dst + "ffn.gate.weight",
-            src + "ffn.fc1.weight": dst + "ffn.up.weight",
-            src + "ffn.fc2.weight": dst + "ffn.down.weight",
+            src + "ffn.gate.0.weight": dst + "ffn.w1.weight",
+            src + "ffn.fc1.weight": dst + "ffn.w3.weight",
+            src + "ffn.fc2.weight": dst + "ffn.w2.weight",
         }
     return KeyMap(rename)
 
@@ -65,9 +65,9 @@ def diffusers_keymap(layers: int) -> KeyMap:
             attn + "SelfAttention.o.weight": dst + "attn.o.weight",
             attn + "SelfAttention.relative_attention_bias.weight": dst + "attn.rel_bias.weight",
             ffn + "layer_norm.weight": dst + "ffn_norm.weight",
-            ffn + "DenseReluDense.wi_0.weight": dst + "ffn.gate.weight",
-            ffn + "DenseReluDense.wi_1.weight": dst + "ffn.up.weight",
-            ffn + "DenseReluDense.wo.weight": dst + "ffn.down.weight",
+            ffn + "DenseReluDense.wi_0.weight": dst + "ffn.w1.weight",
+            ffn + "DenseReluDense.wi_1.weight": dst + "ffn.w3.weight",
+            ffn + "DenseReluDense.wo.weight": dst + "ffn.w2.weight",
         }
     return KeyMap(rename, ignored)
 

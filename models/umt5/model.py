@@ -96,16 +96,16 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """Gated GELU (tanh approximation): down(gelu(gate(x)) * up(x))."""
+    """Gated GELU (tanh approximation): w2(gelu(w1(x)) * w3(x))."""
 
     def __init__(self, cfg: UMT5Config) -> None:
         super().__init__()
-        self.gate = nn.Linear(cfg.dim, cfg.ffn, bias=False)
-        self.up = nn.Linear(cfg.dim, cfg.ffn, bias=False)
-        self.down = nn.Linear(cfg.ffn, cfg.dim, bias=False)
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn, bias=False)
+        self.w2 = nn.Linear(cfg.ffn, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.gate(x), approximate="tanh") * self.up(x))
+        return self.w2(F.gelu(self.w1(x), approximate="tanh") * self.w3(x))
 
 
 class Block(nn.Module):

@@ -134,7 +134,7 @@ def test_every_key_is_checked(tmp_path: Path, fixture) -> None:
     state["blocks.0.extra.weight"] = torch.zeros(1)
     del state["blocks.1.ffn.fc2.weight"]
     write = {f"weights.{k}": v for k, v in state.items()}
-    with pytest.raises(ConversionError, match=r"missing 1: blocks\.1\.ffn\.down\.weight.*unexpected 1"):
+    with pytest.raises(ConversionError, match=r"missing 1: blocks\.1\.ffn\.w2\.weight.*unexpected 1"):
         load_text_encoder(write_original(tmp_path, write, meta))
 
 
