@@ -142,3 +142,15 @@ def test_cli_refuses_two_sources_no_text_world_a_bad_dir(dirs: tuple[Path, Path]
         load(["--model", "tiny-random", "--text-encoder", str(enc)])
     with pytest.raises(cli.StartupError, match=r"--text-encoder .*tokenizer\.json"):
         load(["--model", str(model), "--text-encoder", str(tmp_path)])
+
+
+def test_cli_generate_takes_a_typed_prompt_and_refuses_a_long_one(
+    dirs: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    model, enc = dirs
+    base = ["generate", "--model", str(model), "--device", "cpu", "--text-encoder", str(enc)]
+    out = tmp_path / "run.mp4"
+    assert cli.main([*base, "--prompt", TOO_LONG, "--chunks", "1", "--out", str(out)]) == 2
+    assert "at most 16" in capsys.readouterr().err and not out.exists()
+    assert cli.main([*base, "--prompt", PROMPT, "--chunks", "1", "--out", str(out)]) == 0
+    assert out.stat().st_size > 0
