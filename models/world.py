@@ -134,7 +134,9 @@ class WorldState:
 
 
 class PromptSource(Protocol):
-    """Prompt text -> (L, text_dim) embeddings (models/prompts.py: precomputed files)."""
+    """Prompt text -> (L, text_dim) embeddings: models/prompts.py (precomputed files) or
+    models/text_prompts.py (a text encoder; it also has `prepare`, which the runtime calls on its
+    prompt worker before the world is built)."""
 
     def problem(self, prompt: str) -> str | None:
         """Why `prompt` cannot be embedded (None: it can)."""
@@ -421,7 +423,7 @@ class World:
         if self.prompts is None:
             return (
                 f"model {self.config.id} takes prompts, but this server has no prompt embeddings "
-                "(start it with --prompt-embeds DIR)"
+                "(start it with --text-encoder DIR or --prompt-embeds DIR)"
             )
         return self.prompts.problem(prompt)
 

@@ -32,11 +32,12 @@ import torch
 
 from models.actions import FrameAction
 from models.registry import UnknownModelError
-from models.world import Conditioning, ModelSpec, World
+from models.world import Conditioning, ConditioningError, ModelSpec, World
 from runtime import metrics
 from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
 from runtime.memory import DeviceMemory
 from runtime.plan import StepPlan
+from runtime.prompt_worker import PromptWorker
 from runtime.requests import (
     ChunkCancelled,
     ChunkCommitted,
@@ -413,6 +414,7 @@ class EngineThread:
         loop: asyncio.AbstractEventLoop,
         max_inputs: int = 4096,
         threads: int | None = None,
+        prompt_threads: int = 1,
     ) -> None:
         """`threads`: torch intra-op threads of the engine thread, set on that thread when it
         starts (None: the process's setting). Why on it: OpenMP gives every thread that runs a
@@ -421,7 +423,8 @@ class EngineThread:
         small ops waits for a wake-up (tiny-world, 2 threads on 2 cores: 113-123 ms a chunk with
         the engine's team alone, 166-262 ms with the main thread's team alive beside it). The
         process's other threads should stay on one thread (`torch.set_num_threads(1)` before
-        loading), as `worldserve serve` does."""
+        loading), as `worldserve serve` does. `prompt_threads`: the prompt worker's torch threads
+        (`prepare_prompt`)."""
         if threads is not None and threads < 1:
             raise ValueError(f"engine threads must be at least 1, not {threads}")
         self.threads = threads
@@ -437,6 +440,7 @@ class EngineThread:
         # A daemon, so a model call that never ends cannot hold the process; `_guard_exit` makes
         # sure the interpreter never finalizes while it is inside one.
         self._thread = threading.Thread(target=self._run, name="worldserve-engine", daemon=True)
+        self._prompts = PromptWorker(threads=prompt_threads)  # text encodes, off this thread and the loop
 
     @property
     def dead(self) -> bool:
@@ -462,6 +466,7 @@ class EngineThread:
         (`_guard_exit`)."""
         self._stop_requested = True
         self._running = False
+        self._prompts.stop(timeout)
         with self._flock:
             ids = list(self._futures)
         self.engine.abort(ids)
@@ -552,6 +557,33 @@ class EngineThread:
     def prompt_problem(self, model_id: str, prompt: str) -> str | None:
         """Why `model_id` cannot take `prompt` (None: it can); reads no tensor."""
         return self.engine.worlds[model_id].prompt_problem(prompt)
+
+    def prepare_prompt(self, model_id: str, prompt: str) -> asyncio.Future[None]:
+        """Encode `prompt` for `model_id` into its text encoder's cache on the prompt worker, so
+        the stream's `init_state` finds it there; done at once for worlds whose prompts need no
+        encode (precomputed files). The future raises ConditioningError (field `prompt`) for a
+        prompt the encoder refuses, CapacityError when too many encodes wait."""
+        source = self.engine.worlds[model_id].prompts
+        prepare = getattr(source, "prepare", None)
+        if prepare is None:
+            done: asyncio.Future[None] = self.loop.create_future()
+            done.set_result(None)
+            return done
+        cache = getattr(source, "cache", None)
+
+        def job() -> None:
+            start = time.perf_counter()
+            try:
+                hit = prepare(prompt)
+            except ValueError as exc:
+                raise ConditioningError("prompt", str(exc)) from exc
+            metrics.PROMPT_CACHE.labels("hit" if hit else "miss").inc()
+            if not hit:
+                metrics.PROMPT_ENCODE_MS.observe((time.perf_counter() - start) * 1e3)
+            if cache is not None:
+                metrics.PROMPT_CACHE_BYTES.set(cache.stats().nbytes)
+
+        return asyncio.wrap_future(self._prompts.submit(job), loop=self.loop)
 
     def rate(self, model_id: str) -> float | None:
         """The measured chunks/s of `model_id`'s batches (None until measured)."""

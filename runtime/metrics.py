@@ -49,3 +49,20 @@ CHUNK_RATE = Gauge(
     ["model"],
     registry=REGISTRY,
 )
+PROMPT_ENCODE_MS = Histogram(
+    "worldserve_prompt_encode_ms",
+    "Milliseconds per prompt encoded by the text encoder (cache misses; on the prompt worker).",
+    buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000),
+    registry=REGISTRY,
+)
+PROMPT_CACHE = Counter(
+    "worldserve_prompt_cache",
+    "Prompts asked of a text encoder, by result: hit (already encoded) or miss (encoded now).",
+    ["result"],
+    registry=REGISTRY,
+)
+PROMPT_CACHE_BYTES = Gauge(
+    "worldserve_prompt_cache_bytes",
+    "Bytes of encoded prompts held by the text encoders' caches.",
+    registry=REGISTRY,
+)

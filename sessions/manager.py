@@ -110,6 +110,12 @@ class SessionManager:
             if problem is not None:
                 raise InvalidInput(problem, field="prompt")
 
+    async def _prepare_prompt(self, model_id: str, prompt: str | None) -> None:
+        """Encode a checked prompt off the loop and the engine thread (a world with a text
+        encoder; instant otherwise), so building the world only reads the encoded prompt."""
+        if prompt:
+            await self._engine_call(lambda: self.engine.prepare_prompt(model_id, prompt))
+
     def _conditioning(self, model_id: str, p: OpenParams) -> Conditioning:
         self._check_prompt(model_id, p.prompt)
         seed = p.seed if p.seed is not None else secrets.randbelow(2**31)
@@ -143,6 +149,7 @@ class SessionManager:
         if len(self._sessions) >= self.max_sessions and not self._evict_detached():
             raise SessionBusy(f"server is full ({self.max_sessions} sessions); retry later")
         cond = self._conditioning(model_id, params)
+        await self._prepare_prompt(model_id, cond.prompt)
         session = self._new(model_id, params.mode, params.max_ahead, cond)
         self._sessions[session.id] = session  # counts against the limit while the world is built
         try:
@@ -249,6 +256,7 @@ class SessionManager:
             image=session.cond.image,
             prompt=prompt or session.cond.prompt,
         )
+        await self._prepare_prompt(session.spec.id, cond.prompt)
         await session.reset(seq, cond)
 
     # -- one-shot -------------------------------------------------------------------------------

@@ -52,12 +52,14 @@ class Runtime:
         detach_ttl_s: float = 60.0,
         debug_hooks: bool = False,
         threads: int | None = None,
+        prompt_threads: int = 1,
     ) -> "Runtime":
         """Start the engine thread on the running loop; ``default_model`` None = the first world;
         ``overlap_decode`` None = pipelined decode when a world runs on CUDA (runtime/runner.py);
         ``defer_clean_pass`` None = each chunk's clean pass runs after its frames are out unless
         the decode overlaps (runtime/runner.py);
         ``threads``: the engine thread's torch threads (`EngineThread`; None: the process's);
+        ``prompt_threads``: the prompt worker's torch threads (text encoders; `EngineThread`);
         ``realtime_headroom``: realtime admission (`SessionManager`; None: off);
         ``device_memory``: bytes for every world's sessions together, the budget the engine sizes
         its pools from and admits by (runtime/memory.py; None: room for ``max_sessions``)."""
@@ -74,7 +76,9 @@ class Runtime:
             pipeline=overlap_decode,
             defer_context=defer_clean_pass,
         )
-        engine_thread = EngineThread(engine, asyncio.get_running_loop(), threads=threads)
+        engine_thread = EngineThread(
+            engine, asyncio.get_running_loop(), threads=threads, prompt_threads=prompt_threads
+        )
         engine_thread.start()
         manager = SessionManager(
             engine_thread,

@@ -150,7 +150,9 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help='per-frame action script, e.g. "d*16,a*16,w+d*8,,space" (keys joined by +, *N repeats)',
     )
-    generate.add_argument("--prompt", default=None, help="prompt (text worlds; needs --prompt-embeds)")
+    generate.add_argument(
+        "--prompt", default=None, help="prompt (text worlds; needs --prompt-embeds or --text-encoder)"
+    )
     generate.add_argument(
         "--out", type=Path, default=Path("worldserve.mp4"), help="MP4 path (default: %(default)s)"
     )
@@ -300,6 +302,35 @@ def _model_args(parser: argparse.ArgumentParser, *, repeatable: bool, threads: i
         help="precomputed prompt embeddings, one safetensors file per prompt (docs/MODELS.md)",
     )
     parser.add_argument(
+        "--text-encoder",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="encode prompts of text worlds in the server: a local Wan directory "
+        "(models_t5_umt5-xxl-enc-bf16.pth + google/umt5-xxl/tokenizer.json) or a diffusers Wan "
+        "repository (text_encoder/ + tokenizer/); needs the [text] extra (docs/MODELS.md)",
+    )
+    parser.add_argument(
+        "--text-encoder-device",
+        default=None,
+        help="device of the text encoder, e.g. cpu to keep its ~11 GB (bf16) off the GPU "
+        "(default: --device; bfloat16 on CUDA, float32 on CPU)",
+    )
+    parser.add_argument(
+        "--text-encoder-threads",
+        type=int,
+        default=1,
+        help="torch threads of the text encoder's worker (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--prompt-cache",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="bytes of encoded prompts kept, shared by every session, least recently used out "
+        "(default: 256MiB)",
+    )
+    parser.add_argument(
         "--compile",
         default="off",
         choices=["off", "inductor", "graphs"],
@@ -333,10 +364,14 @@ def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World]:
         worlds = app.load_worlds(names, args.device, resolve_dtype(args.dtype, args.device))
         if args.decoder:
             worlds = {k: registry.with_decoder(w, args.decoder) for k, w in worlds.items()}
+        if args.prompt_embeds is not None and args.text_encoder is not None:
+            raise StartupError("--prompt-embeds and --text-encoder: choose one source of prompts")
         if args.prompt_embeds is not None:
             prompts = PromptEmbeddings(args.prompt_embeds)
             for w in worlds.values():
                 w.prompts = prompts  # used by worlds with text_prompts only
+        if args.text_encoder is not None:
+            _attach_text_encoder(worlds, args)
         if args.compile != "off":
             top = getattr(args, "max_batch", 1)
             buckets = tuple(2**i for i in range(max(top - 1, 0).bit_length() + 1))  # 1, 2, 4 .. >= top
@@ -350,6 +385,26 @@ def _load(names: Sequence[str], args: argparse.Namespace) -> dict[str, World]:
         ) from exc
     except (KeyError, OSError, ValueError) as exc:
         raise StartupError(f"cannot load {', '.join(names)}: {exc}") from exc
+
+
+def _attach_text_encoder(worlds: dict[str, World], args: argparse.Namespace) -> None:
+    """Load --text-encoder on --text-encoder-device and give it to every text world, with one
+    prompt cache of --prompt-cache bytes; a StartupError when no loaded world takes text."""
+    import torch
+
+    from models import text_prompts
+    from models.umt5.load import load_text_encoder
+
+    device = resolve_device(args.text_encoder_device or args.device)
+    dtype = getattr(torch, resolve_dtype("auto", device))
+    try:
+        encoder = load_text_encoder(args.text_encoder, device, dtype)
+    except (OSError, ValueError, ImportError) as exc:
+        raise StartupError(f"--text-encoder {args.text_encoder}: {exc}") from exc
+    cache = text_prompts.PromptCache(args.prompt_cache or text_prompts.DEFAULT_CACHE_BYTES)
+    if not text_prompts.attach(worlds.values(), encoder, cache):
+        raise StartupError(f"--text-encoder: no loaded model takes a prompt ({', '.join(worlds)})")
+    log.info("text encoder %s on %s (%s)", args.text_encoder, device, dtype)
 
 
 def _device_budget(worlds: dict[str, World], args: argparse.Namespace, requested: int) -> memory.Budget:
@@ -406,6 +461,7 @@ def _serve(args: argparse.Namespace) -> int:
         overlap_decode=SWITCH[args.overlap_decode],
         defer_clean_pass=SWITCH[args.defer_clean_pass],
         engine_threads=args.engine_threads,
+        prompt_threads=args.text_encoder_threads,
         max_connections=args.max_connections,
         max_connections_per_address=args.max_connections_per_address,
         sessions_per_connection=args.sessions_per_connection,
@@ -504,7 +560,15 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     written = asyncio.run(
         _run_oneshot(
-            worlds, world, args.seed, actions, args.out, args.prompt, args.engine_threads, args.video
+            worlds,
+            world,
+            args.seed,
+            actions,
+            args.out,
+            args.prompt,
+            args.engine_threads,
+            args.video,
+            args.text_encoder_threads,
         )
     )
     spec = world.spec
@@ -524,6 +588,7 @@ async def _run_oneshot(
     prompt: str | None = None,
     threads: int | None = None,
     video: str = "auto",  # a web.video.VideoStyle
+    prompt_threads: int = 1,
 ) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -535,7 +600,8 @@ async def _run_oneshot(
     from web.video import Mp4Writer
 
     spec = world.spec
-    runtime = Runtime.start(worlds, max_sessions=1, threads=threads)  # one session: one pool row
+    # one session: one pool row
+    runtime = Runtime.start(worlds, max_sessions=1, threads=threads, prompt_threads=prompt_threads)
     writer = Mp4Writer(out, spec.width, spec.height, spec.fps, style=video)  # type: ignore[arg-type]
     disk = ThreadPoolExecutor(1, thread_name_prefix="worldserve-mp4")  # one thread: chunks stay in order
     bar = tqdm(total=len(actions), unit="chunk", desc=spec.id)

@@ -51,6 +51,7 @@ class ServerConfig:
     overlap_decode: bool | None = None  # decode on a side stream during the next denoise; None: on CUDA
     defer_clean_pass: bool | None = None  # clean pass after the frames are out; None: unless overlapping
     engine_threads: int | None = None  # torch threads of the engine thread; None: the process's
+    prompt_threads: int = 1  # torch threads of the prompt worker (a text encoder's encodes)
     max_message: int = 1 << 20  # bytes per client message; bigger ones get `too_large`
     outbox_chunks: int = 4  # `frames` messages queued per connection before frames drop
     send_buffer: int = 1 << 18  # kernel send buffer per socket, bytes: frames wait in our queue

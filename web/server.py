@@ -91,6 +91,7 @@ class Server:
             detach_ttl_s=cfg.detach_ttl_s,
             debug_hooks=cfg.debug_hooks,
             threads=cfg.engine_threads,
+            prompt_threads=cfg.prompt_threads,
         )
         manager = self.runtime.manager
         self._pool = ThreadPoolExecutor(cfg.encode_threads, thread_name_prefix="worldserve-encode")

@@ -19,7 +19,8 @@ class connect:  # lowercase like websockets' `connect`: awaited or used as a con
     ``url``: ``HOST:PORT``, ``ws://HOST:PORT`` or ``http://HOST:PORT``. With ``resume=TOKEN`` it
     attaches to a live session instead; the other session arguments are then ignored, and
     ``codec`` picks the codec of this socket. ``connect_timeout``: seconds to keep trying to reach
-    the server before raising :exc:`~web.errors.ServerUnreachable`.
+    the server before raising :exc:`~web.errors.ServerUnreachable`. ``prompt``: the text a text
+    world starts from (worlds whose ``/v1/models`` entry has ``prompts``).
     """
 
     def __init__(
@@ -28,6 +29,7 @@ class connect:  # lowercase like websockets' `connect`: awaited or used as a con
         *,
         model: str | None = None,
         seed: int | None = None,
+        prompt: str | None = None,
         mode: m.Mode = "realtime",
         codec: m.Codec = "jpeg",
         token: str | None = None,
@@ -39,7 +41,7 @@ class connect:  # lowercase like websockets' `connect`: awaited or used as a con
         self.url = url
         self.resume = resume
         self.connect_timeout = connect_timeout
-        self.open = open_message(model, seed, mode, codec, token, max_ahead, debug)
+        self.open = open_message(model, seed, mode, codec, token, max_ahead, debug, prompt)
         self.session: Session | None = None
 
     async def _open(self) -> Session:
@@ -78,12 +80,13 @@ async def generate(
     actions: Sequence[ActionLike | Sequence[ActionLike]] = (),
     model: str | None = None,
     seed: int | None = None,
+    prompt: str | None = None,
     codec: m.Codec = "jpeg",
     token: str | None = None,
     connect_timeout: float = CONNECT_TIMEOUT_S,
 ) -> Generated:
     """One-shot: ``chunks`` chunks, ``actions[i]`` driving chunk i + 1 (later chunks get no input)."""
-    msg = generate_message(chunks, actions, model, seed, codec, token)
+    msg = generate_message(chunks, actions, model, seed, codec, token, prompt)
     session = Session(url, ClientCore(codec), connect_timeout)
     try:
         done: m.Done = await session.start(session_url(url), msg, ("done", None))

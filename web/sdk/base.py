@@ -20,5 +20,6 @@ class BaseWorld(ABC):
         (T, H, W, 3) uint8."""
 
     @abstractmethod
-    def reset(self, seed: int | None = None) -> Ready:
-        """Start a fresh world (None: the same seed); the server's new ``ready``."""
+    def reset(self, seed: int | None = None, prompt: str | None = None) -> Ready:
+        """Start a fresh world (None: the same seed / prompt, for text worlds); the server's new
+        ``ready``."""

@@ -37,11 +37,19 @@ def open_message(
     token: str | None,
     max_ahead: int,
     debug: dict[str, Any] | None,
+    prompt: str | None = None,
 ) -> m.Open:
-    """The `open` both SDKs send (``debug``: the hooks as a plain dict)."""
+    """The `open` both SDKs send (``debug``: the hooks as a plain dict; ``prompt``: text worlds)."""
     hooks = None if debug is None else m.DebugHooks(**debug)
     return m.Open(
-        model=model, seed=seed, mode=mode, codec=codec, token=token, max_ahead=max_ahead, debug=hooks
+        model=model,
+        seed=seed,
+        prompt=prompt,
+        mode=mode,
+        codec=codec,
+        token=token,
+        max_ahead=max_ahead,
+        debug=hooks,
     )
 
 
@@ -52,11 +60,13 @@ def generate_message(
     seed: int | None,
     codec: m.Codec,
     token: str | None,
+    prompt: str | None = None,
 ) -> m.Generate:
     """The one-shot `generate` both SDKs send: ``actions[i]`` drives chunk i + 1."""
     return m.Generate(
         model=model,
         seed=seed,
+        prompt=prompt,
         chunks=chunks,
         actions=tuple(frame_actions(a) for a in actions),
         codec=codec,

@@ -118,13 +118,15 @@ class DurableSession:
             return
         raise SessionClosed(f"could not resume after {self.reconnect_tries} tries ({cause.reason})")
 
-    async def reset(self, seed: int | None = None) -> m.Ready:
-        """A fresh world in this session (None: the same seed); the new ``ready``."""
+    async def reset(self, seed: int | None = None, prompt: str | None = None) -> m.Ready:
+        """A fresh world in this session (None: the same seed / prompt); the new ``ready``."""
         while True:
             session = self._live()
             seq = session.core.next_seq()
             try:
-                ready: m.Ready = await session.call(m.Reset(seq=seq, seed=seed), ("ready", None), seq)
+                ready: m.Ready = await session.call(
+                    m.Reset(seq=seq, seed=seed, prompt=prompt), ("ready", None), seq
+                )
             except SessionClosed as exc:
                 if exc.reason in SERVER_ENDED:
                     raise

@@ -175,10 +175,10 @@ class Session:
         seq = self.core.next_seq()
         return await self._call(m.Cancel(seq=seq), ("cancelled", seq), seq)
 
-    async def reset(self, seed: int | None = None) -> m.Ready:
-        """A fresh world in the same session (None: the same seed); the new ``ready``."""
+    async def reset(self, seed: int | None = None, prompt: str | None = None) -> m.Ready:
+        """A fresh world in the same session (None: the same seed / prompt); the new ``ready``."""
         seq = self.core.next_seq()
-        return await self._call(m.Reset(seq=seq, seed=seed), ("ready", None), seq)
+        return await self._call(m.Reset(seq=seq, seed=seed, prompt=prompt), ("ready", None), seq)
 
     async def fork(self) -> str:
         """Copy the committed world into a new detached session; its resume token."""

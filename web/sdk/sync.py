@@ -67,6 +67,7 @@ class Client(BaseWorld):
         *,
         model: str | None = None,
         seed: int | None = None,
+        prompt: str | None = None,
         mode: m.Mode = "lockstep",
         codec: m.Codec = "raw",
         token: str | None = None,
@@ -84,7 +85,8 @@ class Client(BaseWorld):
         if resume is not None:
             self._start(session_url(url, resume=resume, codec=codec), None)
         else:
-            self._start(session_url(url), open_message(model, seed, mode, codec, token, max_ahead, debug))
+            opening = open_message(model, seed, mode, codec, token, max_ahead, debug, prompt)
+            self._start(session_url(url), opening)
 
     @property
     def ready(self) -> m.Ready:
@@ -185,9 +187,9 @@ class Client(BaseWorld):
         seq = self.core.next_seq()
         return self._call(m.Cancel(seq=seq), ("cancelled", seq), seq)
 
-    def reset(self, seed: int | None = None) -> m.Ready:
+    def reset(self, seed: int | None = None, prompt: str | None = None) -> m.Ready:
         seq = self.core.next_seq()
-        return self._call(m.Reset(seq=seq, seed=seed), ("ready", None), seq)
+        return self._call(m.Reset(seq=seq, seed=seed, prompt=prompt), ("ready", None), seq)
 
     def fork(self) -> str:
         """Copy the committed world into a new detached session; its resume token."""
@@ -229,6 +231,7 @@ def generate(
     actions: Sequence[ActionLike | Sequence[ActionLike]] = (),
     model: str | None = None,
     seed: int | None = None,
+    prompt: str | None = None,
     codec: m.Codec = "raw",
     token: str | None = None,
     connect_timeout: float = CONNECT_TIMEOUT_S,
@@ -236,7 +239,7 @@ def generate(
     """One-shot: ``chunks`` chunks, ``actions[i]`` driving chunk i + 1; every frame, in order."""
     core = ClientCore(codec)
     core.expect(("done", None), None)
-    msg = generate_message(chunks, actions, model, seed, codec, token)
+    msg = generate_message(chunks, actions, model, seed, codec, token, prompt)
     with _connect(session_url(url), connect_timeout) as ws:
         ws.send(encode(msg))
         try:

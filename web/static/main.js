@@ -1,6 +1,7 @@
 // The worldserve page: controls, HUD refresh and boot around a Stream (stream.js).
 // URL parameters: model, seed, codec (h264|jpeg|raw), autostart=1, resume=TOKEN, ahead (max_ahead),
-// token (a server token), image (a same-origin start image URL for image-started worlds).
+// token (a server token), image (a same-origin start image URL for image-started worlds),
+// prompt (the text of a text world).
 // window.__worldserve holds the page state, kept current, for automation.
 
 import { Hud } from "./hud.js";
@@ -56,6 +57,7 @@ const state = (window.__worldserve = {
   forks: [], // resume tokens of forks made here
   startImage: null, // {name, width, height} of the start image sent with the last open, or null
   imageProblem: null, // why the start image could not be used, or null
+  prompt: null, // the prompt sent with the last open / reset (text worlds), or null
 });
 const models = new Map(); // model id -> its /v1/models entry
 
@@ -68,7 +70,7 @@ const stream = new Stream({ state, player, input, hud, onReady, onStatus });
 function onReady(msg) {
   canvas.style.aspectRatio = `${msg.model.width} / ${msg.model.height}`;
   if ($("model").value !== msg.model.id) selectModel(msg.model.id);
-  showImagePicker();
+  showPickers();
   if (msg.codec.name !== $("codec").value && !state.fallback) $("codec").value = msg.codec.name;
   $("mouse-help").hidden = !msg.model.action_space.mouse; // keyboard-only worlds: no pointer lock
 }
@@ -94,6 +96,7 @@ async function start() {
   }
   $("overlay").hidden = true;
   player.start();
+  state.prompt = typedPrompt(models.get(model));
   stream.open({
     model,
     seed: parseSeed($("seed").value),
@@ -101,7 +104,21 @@ async function start() {
     maxAhead: parseInt(url.get("ahead"), 10) || DEFAULT_AHEAD,
     token: url.get("token") || undefined,
     image,
+    prompt: state.prompt ?? undefined,
   });
+}
+
+/** The prompt box's text for a text world (its /v1/models entry has `prompts`), else null. */
+function typedPrompt(world) {
+  const text = $("prompt").value.trim();
+  return world?.prompts && text ? text : null;
+}
+
+/** A fresh world with the seed above and, for a text world, the prompt typed (none: the same). */
+function reset() {
+  const prompt = typedPrompt(models.get(state.model ?? $("model").value));
+  if (prompt) state.prompt = prompt;
+  stream.reset(parseSeed($("seed").value), prompt ?? undefined);
 }
 
 /** The `open.image` for `world` (its /v1/models entry): the picked file, else ?image=, else none. */
@@ -118,9 +135,12 @@ async function startImage(world) {
   return image;
 }
 
-/** Show the start-image picker only for worlds that start from an image. */
-function showImagePicker() {
-  $("image-picker").hidden = !models.get($("model").value)?.image_start;
+/** Show the start-image picker only for worlds that start from an image, the prompt box only
+ * for worlds that take text. */
+function showPickers() {
+  const world = models.get($("model").value);
+  $("image-picker").hidden = !world?.image_start;
+  $("prompt-box").hidden = !world?.prompts;
 }
 
 // actions repeat while keys are held or the mouse moves; the gamepad is polled here too
@@ -153,19 +173,26 @@ button("start", start);
 button("overlay", start);
 button("pause", () => stream.pause(!state.paused));
 button("cancel", () => stream.cancel());
-button("reset", () => stream.reset(parseSeed($("seed").value)));
+button("reset", reset);
 button("fork", () => stream.fork(window.open("about:blank", "_blank"))); // opened while the click counts
 button("dice", () => {
   $("seed").value = String(Math.floor(Math.random() * 2 ** 31));
 });
 $("model").addEventListener("change", (e) => {
   e.target.blur();
-  showImagePicker();
+  showPickers();
   if (stream.live) start();
 });
 $("start-image").addEventListener("change", (e) => {
   e.target.blur();
   if (stream.live) start(); // reset keeps the session's image: a new picture needs a new session
+});
+$("prompt").addEventListener("keydown", (e) => {
+  if (e.key !== "Enter") return;
+  e.preventDefault();
+  e.target.blur(); // back to the game keys
+  if (stream.live) reset();
+  else start();
 });
 $("codec").addEventListener("change", (e) => {
   e.target.blur();
@@ -198,6 +225,7 @@ async function boot() {
   }
   if (codec) $("codec").value = codec;
   if (url.has("seed")) $("seed").value = url.get("seed");
+  if (url.has("prompt")) $("prompt").value = url.get("prompt");
   try {
     const res = await fetch("/v1/models");
     for (const m of await res.json()) {
@@ -210,7 +238,7 @@ async function boot() {
     hud.say(`Could not list the worlds (${err.message}); is the server up?`, { sticky: true });
   }
   if (url.get("model")) selectModel(url.get("model"));
-  showImagePicker();
+  showPickers();
   hud.render(state);
   if (url.get("resume")) {
     player.start();

@@ -117,10 +117,11 @@ function checkFrames(msg) {
 
 /** Client message builders (docs/PROTOCOL.md, "Client -> server"). */
 export const client = {
-  open: ({ model, seed, codec = "jpeg", maxAhead, token, image, mode = "realtime" } = {}) => ({
+  open: ({ model, seed, codec = "jpeg", maxAhead, token, image, prompt, mode = "realtime" } = {}) => ({
     type: "open",
     model: model || undefined,
     seed: Number.isSafeInteger(seed) ? seed : undefined,
+    prompt: prompt || undefined, // text worlds only
     image: image || undefined, // a packArray map, (H, W, 3) uint8
     mode,
     codec,
@@ -139,7 +140,12 @@ export const client = {
   pause: (seq) => ({ type: "pause", seq }),
   resume: (seq) => ({ type: "resume", seq }),
   cancel: (seq) => ({ type: "cancel", seq }),
-  reset: (seq, seed) => ({ type: "reset", seq, seed: Number.isSafeInteger(seed) ? seed : undefined }),
+  reset: (seq, seed, prompt) => ({
+    type: "reset",
+    seq,
+    seed: Number.isSafeInteger(seed) ? seed : undefined,
+    prompt: prompt || undefined, // none: the session keeps its prompt
+  }),
   fork: (seq) => ({ type: "fork", seq }),
   ping: (t) => ({ type: "ping", t }),
   close: () => ({ type: "close" }),

@@ -96,8 +96,8 @@ export class Stream {
     this.conn.send(client.cancel(this.conn.nextSeq()));
   }
 
-  reset(seed) {
-    this.conn.send(client.reset(this.conn.nextSeq(), seed));
+  reset(seed, prompt) {
+    this.conn.send(client.reset(this.conn.nextSeq(), seed, prompt));
   }
 
   /** Fork; `tab` (opened during the click, so no popup blocker stops it) gets the copy. */
