@@ -11,7 +11,8 @@ lockstep  one chunk per `step`, with the given per-frame actions.
 
 Committed chunks are delivered to the attached sink and retained until acked (bounded: the
 oldest go first), so a client that reattaches after a dropped socket gets every chunk it has
-not acked. Chunk numbers never repeat within a session, also across `reset`.
+not acked. Chunk numbers never repeat within a session, also across `reset`, except after a
+`rewind` to chunk N: the chunks after N are gone and their numbers are generated again.
 
 Runs on the asyncio event loop; all model work goes through the `EngineThread`.
 """
@@ -33,9 +34,11 @@ from models.actions import FrameAction
 from models.world import Conditioning, ModelSpec
 from runtime.engine import EngineThread, StreamInfo
 from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
+from runtime.errors import NotRetained as EngineNotRetained
 from runtime.requests import ChunkCancelled, ChunkCommitted, ChunkFailed, ChunkRequest, Outcome
+from sessions.actionlog import ActionLog
 from sessions.actions import ActionBuffer, ChunkSource
-from sessions.errors import InvalidInput, RateLimited, SessionFailed, SessionNotFound
+from sessions.errors import InvalidInput, NotRetained, RateLimited, SessionFailed, SessionNotFound
 from sessions.events import (
     CancelledEvent,
     ClosedEvent,
@@ -145,7 +148,8 @@ class Session:
         self.frame: np.ndarray | None = None  # (H, W, 3) uint8 latest committed frame (start frame first)
         self._chunk_base = 0  # session chunk = base + engine chunk (resets restart the engine count)
         self._frame_base = 0
-        self._resetting = False  # a reset is between its cancel and its `ready`: nothing new starts
+        self._resetting = False  # a reset or rewind is between its cancel and its `ready`: nothing new starts
+        self.log = ActionLog()  # the current world's committed actions (`GET /v1/sessions/{id}/log`)
         self._pending: dict[int, _Pending] = {}
         self._cancels: list[_CancelWait] = []  # cancels waiting for their chunks to resolve
         # Unacked chunks kept for a resume. Realtime never has more than max_ahead unacked; in
@@ -269,7 +273,7 @@ class Session:
         for a in actions:
             self._validate(a)
         if self._resetting:  # only another connection that resumed the session can get here
-            raise RateLimited("a reset is in progress; send the step after its `ready`")
+            raise RateLimited("a reset or rewind is in progress; send the step after its `ready`")
         if sum(p.kind == "step" for p in self._pending.values()) >= MAX_STEPS_QUEUED:
             raise RateLimited(f"{MAX_STEPS_QUEUED} steps already outstanding")
         self._submit("step", seq=seq, actions=list(actions))
@@ -344,7 +348,59 @@ class Session:
         self.acked = self.last_chunk
         self._retained.clear()
         self.buffer.clear()
+        self.log.restart()
         self._emit(ReadyEvent(self.last_chunk, self.frame))
+        self._pump()
+
+    async def rewind(self, seq: int, chunk: int) -> None:
+        """Roll the world back to the end of chunk `chunk` (within the engine's retention).
+        Answered by `ready` naming `chunk`, with its last frame; the next chunk is `chunk` + 1.
+        Chunks outstanding when it came are answered as a reset answers them: the ones that
+        committed first come as `frames`, then one `cancelled` with the rewind's seq, then
+        `ready`. `NotRetained` (nothing changes, nothing is cancelled) when the world no longer
+        holds that chunk: beyond the retention, or before the last reset."""
+        self._check_live()
+        if self._resetting:
+            raise RateLimited("a reset or rewind is in progress; send the rewind after its `ready`")
+        if chunk > self.last_chunk:
+            raise InvalidInput(f"chunk {chunk} has not been sent (last is {self.last_chunk})", field="chunk")
+        if chunk < self._chunk_base:
+            base = self._chunk_base
+            raise NotRetained(f"chunk {chunk} belongs to the world before the last reset (chunk {base})")
+        outstanding = set(self._pending)
+        self._resetting = True
+        try:
+            try:
+                info = await self._et.rewind_stream(self.id, chunk - self._chunk_base)
+            except EngineNotRetained as exc:
+                raise NotRetained(
+                    f"chunk {chunk} is not retained: the earliest chunk this session can go back "
+                    f"to is {self._chunk_base + exc.oldest} (the last is {self.last_chunk})"
+                ) from exc
+            except (StreamNotFound, EngineDeadError) as exc:
+                if self.status.is_finished:
+                    return  # the session ended meanwhile: `closed` answered the rewind
+                raise SessionFailed(f"rewind failed: {exc}") from exc
+            # The engine cancelled what was still queued; those outcomes, and those of chunks
+            # that committed just before the rewind, are still on their way.
+            if self._pending:
+                answered = asyncio.get_running_loop().create_future()
+                wait = _CancelWait(seq, set(self._pending), answered=answered)
+                self._cancels.append(wait)
+                await wait.answered
+            elif outstanding:
+                self._emit(CancelledEvent(seq, self.last_chunk + 1))
+        finally:
+            self._resetting = False
+        if self.status.is_finished:
+            return  # `closed` went out instead of `ready`
+        self.last_chunk = self.acked = chunk
+        self.frames_out = self._frame_base + info.video_frames
+        self.frame = info.frame
+        self._retained.clear()
+        self.buffer.clear()
+        self.log.truncate(chunk)
+        self._emit(ReadyEvent(chunk, self.frame))
         self._pump()
 
     # -- engine traffic -------------------------------------------------------------------------
@@ -443,6 +499,7 @@ class Session:
             self.frames_out = event.frame0 + event.frames.shape[0]
             self.frame = event.frames[-1]
             self.totals.add(event.timings)
+            self.log.append(event.chunk, outcome.actions)
             self._retained.append(event)
             self._emit(event)
         elif isinstance(outcome, ChunkFailed):

@@ -52,6 +52,7 @@ class Runtime:
         detach_ttl_s: float = 60.0,
         debug_hooks: bool = False,
         threads: int | None = None,
+        retention: int = 0,
     ) -> "Runtime":
         """Start the engine thread on the running loop; ``default_model`` None = the first world;
         ``overlap_decode`` None = pipelined decode when a world runs on CUDA (runtime/runner.py);
@@ -59,6 +60,7 @@ class Runtime:
         the decode overlaps (runtime/runner.py);
         ``threads``: the engine thread's torch threads (`EngineThread`; None: the process's);
         ``realtime_headroom``: realtime admission (`SessionManager`; None: off);
+        ``retention``: chunks a session can rewind by (runtime/history.py);
         ``device_memory``: bytes for every world's sessions together, the budget the engine sizes
         its pools from and admits by (runtime/memory.py; None: room for ``max_sessions``)."""
         if not worlds:
@@ -73,6 +75,7 @@ class Runtime:
             max_kv_bytes=device_memory,
             pipeline=overlap_decode,
             defer_context=defer_clean_pass,
+            retention=retention,
         )
         engine_thread = EngineThread(engine, asyncio.get_running_loop(), threads=threads)
         engine_thread.start()

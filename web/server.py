@@ -89,6 +89,7 @@ class Server:
             overlap_decode=cfg.overlap_decode,
             defer_clean_pass=cfg.defer_clean_pass,
             detach_ttl_s=cfg.detach_ttl_s,
+            retention=cfg.retention,
             debug_hooks=cfg.debug_hooks,
             threads=cfg.engine_threads,
         )
