@@ -185,6 +185,11 @@ class Session:
             raise SessionNotFound(f"session {self.id} is {self.status.name.lower()}")
 
     @property
+    def world_base(self) -> int:
+        """The session chunk number before the current world's chunk 1 (0 until a reset)."""
+        return self._chunk_base
+
+    @property
     def outstanding(self) -> int:
         """Chunks submitted and not yet resolved."""
         return len(self._pending)

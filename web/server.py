@@ -111,6 +111,8 @@ class Server:
                     per_address=cfg.per_address_cap,
                     loopback_hosts_only=is_loopback(cfg.host),
                 ),
+                token=cfg.token,
+                retention=cfg.retention,
             ),
             max_size=cfg.max_message * HARD_LIMIT_FACTOR,
             ping_interval=cfg.ping_interval_s,
