@@ -575,6 +575,11 @@ class EngineThread:
         """A fresh chunk request id (thread-safe; see `Engine.new_request_id`)."""
         return self.engine.new_request_id()
 
+    @property
+    def retention(self) -> int:
+        """Chunks a stream can be rewound by (fixed for the engine's life: read anywhere)."""
+        return self.engine.retention
+
     def specs(self) -> dict[str, ModelSpec]:
         """The loaded worlds' specs by model id (fixed for the engine's life: read anywhere)."""
         return {name: world.spec for name, world in self.engine.worlds.items()}

@@ -147,6 +147,7 @@ class Session:
         self.frames_out = 0  # frames committed so far (frame0 of the next chunk)
         self.frame: np.ndarray | None = None  # (H, W, 3) uint8 latest committed frame (start frame first)
         self._chunk_base = 0  # session chunk = base + engine chunk (resets restart the engine count)
+        self._high = 0  # the highest chunk of the current world (a rewind's retention counts from it)
         self._frame_base = 0
         self._resetting = False  # a reset or rewind is between its cancel and its `ready`: nothing new starts
         self.log = ActionLog()  # the current world's committed actions (`GET /v1/sessions/{id}/log`)
@@ -213,6 +214,7 @@ class Session:
         self._chunk_base = src._chunk_base
         self._frame_base = src._frame_base
         self.last_chunk = self.acked = src._chunk_base + info.chunks
+        self._high = src._high  # the copied row holds the same ring
         self.frames_out = src._frame_base + info.video_frames
         self.frame = src.frame
         self.detach()
@@ -347,7 +349,7 @@ class Session:
             return  # `closed` went out instead of `ready`
         self.cond = cond
         self.frame = info.frame
-        self._chunk_base = self.last_chunk
+        self._chunk_base = self._high = self.last_chunk
         self._frame_base = self.frames_out  # the new world's frame 0 (its start frame, if any)
         self.frames_out += info.video_frames
         self.acked = self.last_chunk
@@ -360,41 +362,38 @@ class Session:
     async def rewind(self, seq: int, chunk: int) -> None:
         """Roll the world back to the end of chunk `chunk` (within the engine's retention).
         Answered by `ready` naming `chunk`, with its last frame; the next chunk is `chunk` + 1.
-        Chunks outstanding when it came are answered as a reset answers them: the ones that
-        committed first come as `frames`, then one `cancelled` with the rewind's seq, then
-        `ready`. `NotRetained` (nothing changes, nothing is cancelled) when the world no longer
-        holds that chunk: beyond the retention, or before the last reset."""
+        Chunks outstanding when it came are cancelled first, exactly as by a reset: the ones that
+        committed before the cancel took come as `frames`, then one `cancelled` with the
+        rewind's seq, then `ready`. `NotRetained` when the world no longer holds that chunk
+        (beyond the retention, counted from the highest chunk of this world, or before the last
+        reset): found here before anything is cancelled; only should the chunks that commit
+        meanwhile push it out of the retention does the engine refuse after the cancel, as a
+        reset whose new world cannot be built."""
         self._check_live()
         if self._resetting:
             raise RateLimited("a reset or rewind is in progress; send the rewind after its `ready`")
         if chunk > self.last_chunk:
             raise InvalidInput(f"chunk {chunk} has not been sent (last is {self.last_chunk})", field="chunk")
-        if chunk < self._chunk_base:
-            base = self._chunk_base
-            raise NotRetained(f"chunk {chunk} belongs to the world before the last reset (chunk {base})")
-        outstanding = set(self._pending)
+        oldest = max(self._chunk_base, self._high - self._et.retention)
+        if chunk < oldest:
+            raise NotRetained(self._not_retained(chunk, oldest))
+        wait: _CancelWait | None = None
+        self._et.cancel_stream(self.id)
+        if self._pending:  # as `cancel` counts them
+            wait = _CancelWait(seq, set(self._pending), answered=asyncio.get_running_loop().create_future())
+            self._cancels.append(wait)
         self._resetting = True
         try:
             try:
                 info = await self._et.rewind_stream(self.id, chunk - self._chunk_base)
             except EngineNotRetained as exc:
-                raise NotRetained(
-                    f"chunk {chunk} is not retained: the earliest chunk this session can go back "
-                    f"to is {self._chunk_base + exc.oldest} (the last is {self.last_chunk})"
-                ) from exc
+                raise NotRetained(self._not_retained(chunk, self._chunk_base + exc.oldest)) from exc
             except (StreamNotFound, EngineDeadError) as exc:
                 if self.status.is_finished:
                     return  # the session ended meanwhile: `closed` answered the rewind
                 raise SessionFailed(f"rewind failed: {exc}") from exc
-            # The engine cancelled what was still queued; those outcomes, and those of chunks
-            # that committed just before the rewind, are still on their way.
-            if self._pending:
-                answered = asyncio.get_running_loop().create_future()
-                wait = _CancelWait(seq, set(self._pending), answered=answered)
-                self._cancels.append(wait)
-                await wait.answered
-            elif outstanding:
-                self._emit(CancelledEvent(seq, self.last_chunk + 1))
+            if wait is not None:
+                await wait.answered  # the outcomes numbered before the rewind come first
         finally:
             self._resetting = False
         if self.status.is_finished:
@@ -407,6 +406,14 @@ class Session:
         self.log.truncate(chunk)
         self._emit(ReadyEvent(chunk, self.frame))
         self._pump()
+
+    def _not_retained(self, chunk: int, oldest: int) -> str:
+        if chunk < self._chunk_base:
+            return f"chunk {chunk} belongs to the world before the last reset (chunk {self._chunk_base})"
+        return (
+            f"chunk {chunk} is not retained: the earliest chunk this session can go back to is "
+            f"{oldest} (the last is {self.last_chunk}; retention {self._et.retention} chunks)"
+        )
 
     # -- engine traffic -------------------------------------------------------------------------
 
@@ -501,6 +508,7 @@ class Session:
                 timings=outcome.timings.as_dict(),
             )
             self.last_chunk = event.chunk
+            self._high = max(self._high, event.chunk)
             self.frames_out = event.frame0 + event.frames.shape[0]
             self.frame = event.frames[-1]
             self.totals.add(event.timings)

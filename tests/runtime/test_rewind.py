@@ -166,3 +166,34 @@ def test_retention_is_charged_per_session():
     engine = engine_for(world, 4)
     engine.add_stream("s", "tiny-r", Conditioning(seed=1))
     assert engine.info("s").session_bytes == kept.session
+
+
+@pytest.mark.parametrize("model", ["tiny-world", "tiny-random"])
+def test_the_registered_worlds_rewind_exactly(model):
+    """The shipped worlds (tiny-world: image-started, with its plug-in) through the engine."""
+    from models.registry import from_name
+
+    world = from_name(model)
+    engine = Engine({world.config.id: world}, retention=2)
+    engine.add_stream("s", world.config.id, Conditioning(seed=11))
+    original = play(engine, "s", SCRIPT[:9])
+    engine.rewind_stream("s", 7)
+    assert_same(play(engine, "s", SCRIPT[7:9]), original[7:9])
+    with pytest.raises(NotRetained):
+        engine.rewind_stream("s", 6)
+
+
+def test_the_history_keeps_at_most_retention_plus_one_checkpoints():
+    world = small_world(name="tiny-r")
+    engine = engine_for(world, 3)
+    engine.add_stream("s", "tiny-r", Conditioning(seed=1))
+    history = engine.runner.streams["s"].history
+    assert len(history) == 1 and history.oldest() == 0  # the world's start
+    play(engine, "s", SCRIPT[:8])
+    assert len(history) == 4 and history.oldest() == 5
+    engine.rewind_stream("s", 6)
+    assert len(history) == 2 and history.high == 8
+    engine.fork_stream("s", "f")
+    assert engine.rewind_stream("f", 5).chunks == 5  # the fork holds the same ring and history
+    engine.reset_stream("s", Conditioning(seed=2))
+    assert len(history) == 1 and history.oldest() == 0 and history.high == 0

@@ -141,6 +141,7 @@ export const client = {
   cancel: (seq) => ({ type: "cancel", seq }),
   reset: (seq, seed) => ({ type: "reset", seq, seed: Number.isSafeInteger(seed) ? seed : undefined }),
   fork: (seq) => ({ type: "fork", seq }),
+  rewind: (seq, chunk) => ({ type: "rewind", seq, chunk }), // a v1 addition: answered by `ready`
   ping: (t) => ({ type: "ping", t }),
   close: () => ({ type: "close" }),
 };
