@@ -2,11 +2,11 @@
 
 A commit moves a stream's world forward by swapping in new values (docs/ARCHITECTURE.md, "One
 chunk, one transaction"): the K/V length grows, the decoder cache and the plug-in state are
-replaced, the chunk and frame counters advance, the action log grows (by one entry a chunk: a rewind pops
-them). Every one of those values
-is immutable (a decoder cache and a plug-in state are never written in place) and the noise of
-a chunk is a function of (seed, chunk, step), so the world at the end of chunk N is fully
-described by a `Checkpoint` of references plus the K/V of its frames.
+replaced, the chunk and frame counters advance, the action log grows by one entry (a rewind pops
+them again). Every one of those values is immutable (a decoder cache and a plug-in state are
+never written in place) and the noise of a chunk is a function of (seed, chunk, step), so the
+world at the end of chunk N is fully described by a `Checkpoint` of references plus the K/V of
+its frames.
 
 The K/V is the one thing a commit overwrites: the ring of a pool row (runtime/kv_cache.py) evicts
 a chunk's worth of frames per chunk. A world set up with `retention` R gets R chunks of extra

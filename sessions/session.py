@@ -289,6 +289,8 @@ class Session:
         """The client has shown `chunk`: release retained chunks and give a credit back."""
         self._check_live()
         if chunk > self.last_chunk:
+            if chunk <= self._high:
+                return  # a chunk a rewind discarded, shown before the client heard of the rewind
             raise InvalidInput(f"chunk {chunk} has not been sent (last is {self.last_chunk})", field="chunk")
         if chunk > self.acked:
             self.acked = chunk
