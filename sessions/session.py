@@ -214,7 +214,7 @@ class Session:
         self._chunk_base = src._chunk_base
         self._frame_base = src._frame_base
         self.last_chunk = self.acked = src._chunk_base + info.chunks
-        self._high = src._high  # the copied row holds the same ring
+        self._high = max(src._high, self.last_chunk)  # the copied row holds the same ring
         self.frames_out = src._frame_base + info.video_frames
         self.frame = src.frame
         self.detach()
