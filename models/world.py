@@ -148,6 +148,15 @@ class PromptSource(Protocol):
 DEFAULT_MAX_SESSIONS = 16  # pool rows of a world nobody called `setup` on (the engine's default budget)
 
 
+def _tensor_bytes(value: object) -> int:
+    """Bytes of every tensor in a nest of tuples and lists."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, tuple | list):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
 def noise_seed(seed: int, chunk: int, step: int) -> int:
     """A 63-bit generator seed for (session seed, chunk, step): stateless, so rollback is free."""
     digest = hashlib.blake2b(f"{seed}:{chunk}:{step}".encode(), digest_size=8).digest()
@@ -202,6 +211,7 @@ class World:
         self.action_space = tcfg.action.space if tcfg.action is not None else ActionSpace()
         self.plugin: WorldPlugin | None = None  # the world's own behaviour (`models.plugin`)
         self.set_plugin(plugin)
+        self._cache_bytes: int | None = None  # `decoder_cache_bytes`, measured on first use
 
     def set_plugin(self, plugin: WorldPlugin | None) -> None:
         """Give the world its plug-in, bound to it (checked, on its device and dtype); None: none."""
@@ -252,6 +262,25 @@ class World:
         (the committed one and a chunk's in flight; `WorldPlugin.state_bytes`)."""
         extra = 0 if self.plugin is None else 2 * self.plugin.state_bytes()
         return self.kv_bytes_per_session() + extra
+
+    def checkpoint_bytes(self) -> int:
+        """Device bytes one retained chunk holds besides its ring slack (a rewind's checkpoint,
+        runtime/history.py): a plug-in state and a decoder cache."""
+        plugin = 0 if self.plugin is None else self.plugin.state_bytes()
+        return plugin + self.decoder_cache_bytes()
+
+    @torch.no_grad()
+    def decoder_cache_bytes(self) -> int:
+        """Device bytes of one session's streaming decoder cache in steady state, measured once
+        by decoding two chunks of zeros (0 for a decoder that keeps no tensors)."""
+        if self._cache_bytes is None:
+            c, h, w = self.latent_shape
+            zeros = torch.zeros((c, self.chunk_frames, h, w), device=self.device, dtype=self.dtype)
+            cache = self.decoder.init_cache()
+            for _ in range(2):
+                _, cache = self.decoder.decode(zeros, cache)
+            self._cache_bytes = _tensor_bytes(cache.feats)
+        return self._cache_bytes
 
     # -- the K/V pool ---------------------------------------------------------------------------
 

@@ -46,7 +46,7 @@ from runtime.requests import (
     DebugHooks,
     Outcome,
 )
-from runtime.runner import BoundaryHook, Runner, RunnerOutput
+from runtime.runner import BoundaryHook, Runner, RunnerOutput, ring_slack
 from runtime.scheduler import ChunkShape, FairScheduler, Scheduler
 from runtime.throughput import BatchTimer, ThroughputMeter
 from runtime.transaction import Stream
@@ -87,6 +87,7 @@ class Engine:
         scheduler: Scheduler | None = None,
         pipeline: bool | None = None,
         defer_context: bool | None = None,
+        retention: int = 0,
     ) -> None:
         """`max_kv_bytes`: the device budget of every world's sessions together, pools included
         (runtime/memory.py); `max_streams`: the budget holds that many sessions of the largest
@@ -94,8 +95,11 @@ class Engine:
         `pipeline`: decode each batch on a side stream while the next batch denoises (see
         runtime/runner.py); None (the default) turns it on when a world runs on CUDA.
         `defer_context`: run each chunk's clean pass after its frames are out (runtime/runner.py);
-        None (the default) defers when not pipelined."""
+        None (the default) defers when not pipelined.
+        `retention`: chunks a stream can be rewound by (`rewind_stream`, runtime/history.py);
+        each session's charge grows by that many chunks of ring slack and checkpoints."""
         self.worlds = worlds
+        self.retention = retention
         if pipeline is None:
             pipeline = any(w.device.type == "cuda" for w in worlds.values())
         self.pipeline = pipeline
@@ -106,13 +110,24 @@ class Engine:
         for name, world in worlds.items():
             if world.buckets is not None and max_batch > world.buckets[-1]:
                 raise ValueError(f"max_batch {max_batch} exceeds {name}'s largest compiled bucket")
-        # Pipelined, every pool row has a chunk of ring slack (runtime/kv_cache.py).
-        slack = {name: w.chunk_frames if pipeline else 0 for name, w in worlds.items()}
+        # Pipelined, every pool row has a chunk of ring slack (runtime/kv_cache.py); a retention
+        # of R chunks adds R chunks of it (runtime/history.py).
+        slack = {name: ring_slack(w.chunk_frames, pipeline, retention) for name, w in worlds.items()}
         self.memory = DeviceMemory(
-            worlds, max_kv_bytes, max_sessions=max_streams, slack_frames=slack, settle=self._settle
+            worlds,
+            max_kv_bytes,
+            max_sessions=max_streams,
+            slack_frames=slack,
+            settle=self._settle,
+            retention=retention,
         )
         self.runner = Runner(
-            worlds, self.is_aborted, boundary_hook, pipeline=pipeline, defer_context=defer_context
+            worlds,
+            self.is_aborted,
+            boundary_hook,
+            pipeline=pipeline,
+            defer_context=defer_context,
+            retention=retention,
         )
         self.scheduler = scheduler or FairScheduler(self._shape_of, max_batch)
         self.max_queued = max_queued_per_stream
@@ -206,6 +221,21 @@ class Engine:
         self._side_outcomes += self._drop({r.request_id for r in self.scheduler.pending(stream_id)})
         frame = self.runner.reset(stream_id, cond)  # the new state takes the pool's spare row
         self.memory.bind(stream_id, self.runner.streams[stream_id].state)
+        return replace(self.info(stream_id), frame=frame)
+
+    def rewind_stream(self, stream_id: str, chunk: int) -> StreamInfo:
+        """Roll the stream's committed world back to the end of its chunk `chunk` (a transaction
+        of its own, between steps): the decode in flight and owed clean passes finish first
+        (their chunks commit, outcomes in the next step), then, if `chunk` is retained, the
+        stream's queued chunks are cancelled (outcomes in the next step) and the world is set
+        back (`Runner.rewind`); `info.frame` is that chunk's last frame. `NotRetained` when it
+        is not: nothing is cancelled and the world is as it was."""
+        self._stream(stream_id)
+        self._settle()
+        self.runner.checkpoint(stream_id, chunk)  # NotRetained: nothing changed
+        # Numbered in the timeline they were queued in, as a reset's cancel numbers them.
+        self._side_outcomes += self._drop({r.request_id for r in self.scheduler.pending(stream_id)})
+        frame = self.runner.rewind(stream_id, chunk)
         return replace(self.info(stream_id), frame=frame)
 
     def remove_stream(self, stream_id: str) -> None:
@@ -550,6 +580,11 @@ class EngineThread:
         """A fresh chunk request id (thread-safe; see `Engine.new_request_id`)."""
         return self.engine.new_request_id()
 
+    @property
+    def retention(self) -> int:
+        """Chunks a stream can be rewound by (fixed for the engine's life: read anywhere)."""
+        return self.engine.retention
+
     def specs(self) -> dict[str, ModelSpec]:
         """The loaded worlds' specs by model id (fixed for the engine's life: read anywhere)."""
         return {name: world.spec for name, world in self.engine.worlds.items()}
@@ -602,6 +637,10 @@ class EngineThread:
     def reset_stream(self, stream_id: str, cond: Conditioning) -> asyncio.Future[StreamInfo]:
         """`Engine.reset_stream` on the engine thread."""
         return self.call(self.engine.reset_stream, stream_id, cond)
+
+    def rewind_stream(self, stream_id: str, chunk: int) -> asyncio.Future[StreamInfo]:
+        """`Engine.rewind_stream` on the engine thread (`NotRetained` when out of retention)."""
+        return self.call(self.engine.rewind_stream, stream_id, chunk)
 
     def remove_stream(self, stream_id: str) -> asyncio.Future[None]:
         """`Engine.remove_stream` on the engine thread (frees the stream's device state)."""

@@ -4,7 +4,8 @@ EngineError
  ├── EngineDeadError     the engine thread is gone; every session ends (fatal, `internal`)
  ├── CapacityError       no room for another world or queued chunk (`busy`)
  ├── StreamNotFound      no stream with that id (`not_found`)
- └── InvalidRequest      a request this world cannot run, e.g. wrong action count (`invalid_field`)
+ ├── InvalidRequest      a request this world cannot run, e.g. wrong action count (`invalid_field`)
+ └── NotRetained         a rewind to a chunk the stream no longer holds (`not_retained`)
 
 A failure inside the model during one chunk is not raised: it is rolled back and reported as a
 `ChunkFailed` outcome, and the stream stays usable.
@@ -35,3 +36,12 @@ class InvalidRequest(EngineError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class NotRetained(EngineError):
+    """A rewind target outside the stream's retention (runtime/history.py); nothing changed.
+    `oldest`: the earliest chunk the stream can go back to now."""
+
+    def __init__(self, message: str, oldest: int) -> None:
+        super().__init__(message)
+        self.oldest = oldest

@@ -10,7 +10,9 @@ place that
 * names what each session holds (`Lease`) and gives it back explicitly when its stream is
   removed (no garbage-collector timing).
 
-Accounting, for worlds w with row bytes r_w and session bytes s_w (r_w plus plug-in state):
+Accounting, for worlds w with row bytes r_w and session bytes s_w (r_w plus plug-in state, plus
+with a rewind retention of R chunks R checkpoints: a plug-in state and a decoder cache each; the
+ring slack R chunks need is in r_w, runtime/history.py):
 
     fixed  F = sum over w of 2 r_w      every pool's padding row (bucket padding writes it) and
                                          its spare row (a reset builds the new state before the
@@ -70,10 +72,13 @@ class Costs:
     session: int  # one session: its row and its plug-in state
 
 
-def world_costs(world: World, slack_frames: int) -> Costs:
-    """A world's row and session bytes with `slack_frames` of ring slack (before any pool exists)."""
+def world_costs(world: World, slack_frames: int, retention: int = 0) -> Costs:
+    """A world's row and session bytes with `slack_frames` of ring slack (before any pool exists)
+    and `retention` chunks of rewind history (its ring slack is part of `slack_frames`; each
+    retained chunk also keeps a plug-in state and a decoder cache, `World.checkpoint_bytes`)."""
     row = world.row_bytes(slack_frames)
-    return Costs(row, row + world.session_bytes() - world.kv_bytes_per_session())
+    history = retention * world.checkpoint_bytes() if retention else 0
+    return Costs(row, row + world.session_bytes() - world.kv_bytes_per_session() + history)
 
 
 def fixed_bytes(costs: Mapping[str, Costs]) -> int:
@@ -97,17 +102,19 @@ class DeviceMemory:
         max_sessions: int | None = None,
         slack_frames: Mapping[str, int] | None = None,
         settle: Callable[[], None] | None = None,
+        retention: int = 0,
     ) -> None:
         """`budget`: device bytes for every world's sessions (None: room for `max_sessions`);
         with both, the smaller. `slack_frames`: each world's ring slack (default 0). `settle`:
         called before a resize moves rows (the engine finishes the work in flight on them). Rows
         another owner holds in a world's pool (another engine on the same world) stay where they
-        are, on top of this owner's rows."""
+        are, on top of this owner's rows. `retention`: chunks of rewind history each session
+        keeps (`world_costs`; its ring slack is in `slack_frames`)."""
         if not worlds:
             raise ValueError("no worlds")
         slack = dict(slack_frames or {})
         self.worlds = dict(worlds)
-        self.costs = {name: world_costs(w, slack.get(name, 0)) for name, w in self.worlds.items()}
+        self.costs = {name: world_costs(w, slack.get(name, 0), retention) for name, w in self.worlds.items()}
         limits = [b for b in (budget, max_sessions and budget_for(self.costs, max_sessions)) if b is not None]
         if not limits:
             raise ValueError("give a budget or max_sessions")
@@ -200,5 +207,5 @@ class DeviceMemory:
         world.resize(rows, world.slack_frames, states)
 
     def _plugin_bytes(self) -> int:
-        """Bytes live sessions hold outside the pools (plug-in state)."""
+        """Bytes live sessions hold outside the pools (plug-in state, rewind checkpoints)."""
         return sum(lease.nbytes - self.costs[lease.model_id].row for lease in self._leases.values())

@@ -42,6 +42,8 @@ import torch
 from models.actions import FrameAction, group_actions
 from models.world import Conditioning, World
 from runtime.batch import Batch, InjectedFault, RunnerOutput, StageClock, is_fatal
+from runtime.errors import NotRetained
+from runtime.history import Checkpoint, ChunkHistory
 from runtime.kv_cache import KVLayout
 from runtime.plan import ScheduledChunk, StepPlan
 from runtime.requests import DebugHooks
@@ -51,6 +53,12 @@ log = logging.getLogger(__name__)
 
 # (stream_id, boundary name) -> None; runs at every boundary before the cancel check (tests, hooks).
 BoundaryHook = Callable[[str, str], None]
+
+
+def ring_slack(chunk_frames: int, pipeline: bool, retention: int) -> int:
+    """Ring slots per pool row beyond the window (runtime/kv_cache.py): a chunk's worth when
+    pipelined (a second chunk in flight), plus `retention` chunks' worth (runtime/history.py)."""
+    return chunk_frames * (int(pipeline) + retention)
 
 
 class Runner:
@@ -63,10 +71,13 @@ class Runner:
         boundary_hook: BoundaryHook | None = None,
         pipeline: bool = False,
         defer_context: bool | None = None,
+        retention: int = 0,
     ) -> None:
         """`defer_context`: run each chunk's clean pass after its commit (see the module's
         docstring); None (the default) defers when not pipelined. A pipelined chunk runs on
-        top of its predecessor's clean pass, so the two do not combine."""
+        top of its predecessor's clean pass, so the two do not combine. `retention`: chunks a
+        stream can be rewound by (`rewind`; the worlds' rings have that many chunks of extra
+        slack, runtime/history.py)."""
         if pipeline and defer_context:
             raise ValueError("a pipelined runner cannot defer the clean pass")
         self.worlds = worlds
@@ -75,9 +86,11 @@ class Runner:
         self.pipeline = pipeline
         self.defer_context = not pipeline if defer_context is None else defer_context
         self.streams: dict[str, Stream] = {}
+        self.retention = retention
         for name, w in worlds.items():
-            if pipeline and w.slack_frames < w.chunk_frames:
-                raise ValueError(f"{name}: pipelined, world.setup needs slack_frames={w.chunk_frames}")
+            need = ring_slack(w.chunk_frames, pipeline, retention)
+            if w.slack_frames < need:
+                raise ValueError(f"{name}: world.setup needs slack_frames={need}")
         self.layouts = {
             name: KVLayout(cfg.sink_frames, cfg.window_frames, w.tokens_per_frame, w.slack_frames)
             for name, w in worlds.items()
@@ -98,18 +111,28 @@ class Runner:
         if stream_id in self.streams:
             raise ValueError(f"stream {stream_id} exists")
         state = self.worlds[model_id].init_state(cond)
-        self.streams[stream_id] = Stream(stream_id, model_id, state, debug)
+        stream = Stream(stream_id, model_id, state, debug, history=ChunkHistory(self.retention))
+        self.streams[stream_id] = stream
         try:
-            return self.prefill(stream_id)
+            frame = self.prefill(stream_id)
         except Exception:
             self.remove(stream_id)
             raise
+        stream.history.record(state, frame)
+        return frame
 
     def fork(self, src_id: str, dst_id: str) -> Stream:
         """A new stream holding a copy of `src_id`'s committed world (copies its pool row)."""
         src = self.streams[src_id]
         state = self.worlds[src.model_id].fork_state(src.state)
-        dst = Stream(dst_id, src.model_id, state, src.debug, action_log=src.action_log.copy())
+        dst = Stream(
+            dst_id,
+            src.model_id,
+            state,
+            src.debug,
+            action_log=src.action_log.copy(),
+            history=src.history.copy(),  # the copied row holds the same ring
+        )
         dst.fault_fired = src.fault_fired
         self.streams[dst_id] = dst
         return dst
@@ -129,9 +152,45 @@ class Runner:
             raise
         world.release_state(old)
         stream.action_log.clear()
+        stream.history.clear()
+        stream.history.record(stream.state, frame)
         stream.fault_fired = False
         stream.lost = None
         return frame
+
+    def checkpoint(self, stream_id: str, chunk: int) -> Checkpoint:
+        """The retained position at the end of the stream's chunk `chunk`; `NotRetained` when the
+        stream cannot go back there (beyond its retention, or not a committed chunk)."""
+        stream = self.streams[stream_id]
+        now = stream.state.chunks
+        point = stream.history.get(chunk) if 0 <= chunk <= now else None
+        if point is None:
+            oldest = stream.history.oldest()
+            oldest = now if oldest is None else oldest
+            raise NotRetained(
+                f"chunk {chunk} is not retained: this world can go back to its chunk {oldest} at "
+                f"the earliest (it is at chunk {now}; retention {self.retention} chunks)",
+                oldest,
+            )
+        return point
+
+    def rewind(self, stream_id: str, chunk: int) -> np.ndarray | None:
+        """Set a settled stream's committed world back to the end of its chunk `chunk` (nothing
+        in flight: the engine settles first); returns that chunk's last frame (None: none). Only
+        counters and references move: the ring still holds the K/V of the retained chunks
+        (runtime/history.py). `NotRetained` when `chunk` is not among them; nothing changes then."""
+        stream = self.streams[stream_id]
+        st = stream.state
+        point = self.checkpoint(stream_id, chunk)
+        for _ in range(min(st.chunks - chunk, len(stream.action_log))):
+            stream.action_log.pop()
+        st.chunks, st.frames, st.video_frames = point.chunk, point.frames, point.video_frames
+        st.decoder, st.plugin_state = point.decoder, point.plugin_state
+        stream.history.truncate(chunk)
+        # Slots past the committed length are masked, yet SDPA still multiplies their values:
+        # a non-finite value a rolled-back chunk left there must not meet the next chunk.
+        self.worlds[stream.model_id].scrub_state(st)
+        return point.frame
 
     def remove(self, stream_id: str) -> None:
         """Forget a stream and free its pool row (no-op when absent)."""

@@ -6,7 +6,8 @@ stage     records what the chunk produced: K/V sit in scratch slots past the com
           anything reads them), the new decoder cache is a private object, frames are on the host.
 commit    atomically advances the KV length (eviction is implicit in the ring, sinks stay),
           swaps the decoder cache (and the world's plug-in state), advances the RNG key and the
-          frame counters, appends to the action log — and only then is a `ChunkCommitted` (with
+          frame counters, appends to the action log, notes the new position in the stream's
+          rewind history (runtime/history.py) — and only then is a `ChunkCommitted` (with
           its frames) handed out.
 rollback  drops the stage. Nothing committed was written, so the world is bit-identical to
           before and the stream can run its next chunk at once.
@@ -27,6 +28,7 @@ from models.actions import FrameAction
 from models.plugin import PluginState
 from models.vae import DecoderCache
 from models.world import WorldState
+from runtime.history import ChunkHistory
 from runtime.requests import ChunkCommitted, ChunkRequest, ChunkTimings, DebugHooks
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class Stream:
     action_log: deque[list[FrameAction]] = field(default_factory=lambda: deque(maxlen=ACTION_LOG_CHUNKS))
     fault_fired: bool = False  # DebugHooks.fail_at_chunk fires once
     lost: str | None = None  # why its K/V cannot be trusted (an owed clean pass failed); a reset clears it
+    history: ChunkHistory = field(default_factory=lambda: ChunkHistory(0))  # what a rewind returns to
 
 
 class TxnStatus(enum.Enum):
@@ -128,6 +131,7 @@ class Transaction:
         if self.plugin_state is not None:
             st.plugin_state = self.plugin_state
         self.stream.action_log.append(self.actions)
+        self.stream.history.record(st, s.frames[-1] if s.frames.shape[0] else None)
         self._set_status(TxnStatus.COMMITTED)
         return ChunkCommitted(
             request_id=self.request.request_id,

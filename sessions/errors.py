@@ -6,6 +6,7 @@ SessionError
  ├── SessionNotFound    unknown model, session or resume token          not_found
  ├── InvalidInput       a field the session cannot accept               invalid_field
  ├── RateLimited        too many requests outstanding                   rate_limited
+ ├── NotRetained        a rewind past what the session still holds      not_retained
  └── SessionFailed      the engine failed; the session is over          internal (fatal)
 """
 
@@ -38,6 +39,10 @@ class InvalidInput(SessionError):
 
 class RateLimited(SessionError):
     code = "rate_limited"
+
+
+class NotRetained(SessionError):
+    code = "not_retained"
 
 
 class SessionFailed(SessionError):

@@ -11,7 +11,8 @@ lockstep  one chunk per `step`, with the given per-frame actions.
 
 Committed chunks are delivered to the attached sink and retained until acked (bounded: the
 oldest go first), so a client that reattaches after a dropped socket gets every chunk it has
-not acked. Chunk numbers never repeat within a session, also across `reset`.
+not acked. Chunk numbers never repeat within a session, also across `reset`, except after a
+`rewind` to chunk N: the chunks after N are gone and their numbers are generated again.
 
 Runs on the asyncio event loop; all model work goes through the `EngineThread`.
 """
@@ -33,9 +34,11 @@ from models.actions import FrameAction
 from models.world import Conditioning, ModelSpec
 from runtime.engine import EngineThread, StreamInfo
 from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
+from runtime.errors import NotRetained as EngineNotRetained
 from runtime.requests import ChunkCancelled, ChunkCommitted, ChunkFailed, ChunkRequest, Outcome
+from sessions.actionlog import ActionLog
 from sessions.actions import ActionBuffer, ChunkSource
-from sessions.errors import InvalidInput, RateLimited, SessionFailed, SessionNotFound
+from sessions.errors import InvalidInput, NotRetained, RateLimited, SessionFailed, SessionNotFound
 from sessions.events import (
     CancelledEvent,
     ClosedEvent,
@@ -144,8 +147,10 @@ class Session:
         self.frames_out = 0  # frames committed so far (frame0 of the next chunk)
         self.frame: np.ndarray | None = None  # (H, W, 3) uint8 latest committed frame (start frame first)
         self._chunk_base = 0  # session chunk = base + engine chunk (resets restart the engine count)
+        self._high = 0  # the highest chunk of the current world (a rewind's retention counts from it)
         self._frame_base = 0
-        self._resetting = False  # a reset is between its cancel and its `ready`: nothing new starts
+        self._resetting = False  # a reset or rewind is between its cancel and its `ready`: nothing new starts
+        self.log = ActionLog()  # the current world's committed actions (`GET /v1/sessions/{id}/log`)
         self._pending: dict[int, _Pending] = {}
         self._cancels: list[_CancelWait] = []  # cancels waiting for their chunks to resolve
         # Unacked chunks kept for a resume. Realtime never has more than max_ahead unacked; in
@@ -181,6 +186,11 @@ class Session:
             raise SessionNotFound(f"session {self.id} is {self.status.name.lower()}")
 
     @property
+    def world_base(self) -> int:
+        """The session chunk number before the current world's chunk 1 (0 until a reset)."""
+        return self._chunk_base
+
+    @property
     def outstanding(self) -> int:
         """Chunks submitted and not yet resolved."""
         return len(self._pending)
@@ -204,6 +214,7 @@ class Session:
         self._chunk_base = src._chunk_base
         self._frame_base = src._frame_base
         self.last_chunk = self.acked = src._chunk_base + info.chunks
+        self._high = max(src._high, self.last_chunk)  # the copied row holds the same ring
         self.frames_out = src._frame_base + info.video_frames
         self.frame = src.frame
         self.detach()
@@ -269,7 +280,7 @@ class Session:
         for a in actions:
             self._validate(a)
         if self._resetting:  # only another connection that resumed the session can get here
-            raise RateLimited("a reset is in progress; send the step after its `ready`")
+            raise RateLimited("a reset or rewind is in progress; send the step after its `ready`")
         if sum(p.kind == "step" for p in self._pending.values()) >= MAX_STEPS_QUEUED:
             raise RateLimited(f"{MAX_STEPS_QUEUED} steps already outstanding")
         self._submit("step", seq=seq, actions=list(actions))
@@ -278,6 +289,8 @@ class Session:
         """The client has shown `chunk`: release retained chunks and give a credit back."""
         self._check_live()
         if chunk > self.last_chunk:
+            if chunk <= self._high:
+                return  # a chunk a rewind discarded, shown before the client heard of the rewind
             raise InvalidInput(f"chunk {chunk} has not been sent (last is {self.last_chunk})", field="chunk")
         if chunk > self.acked:
             self.acked = chunk
@@ -338,14 +351,71 @@ class Session:
             return  # `closed` went out instead of `ready`
         self.cond = cond
         self.frame = info.frame
-        self._chunk_base = self.last_chunk
+        self._chunk_base = self._high = self.last_chunk
         self._frame_base = self.frames_out  # the new world's frame 0 (its start frame, if any)
         self.frames_out += info.video_frames
         self.acked = self.last_chunk
         self._retained.clear()
         self.buffer.clear()
+        self.log.restart()
         self._emit(ReadyEvent(self.last_chunk, self.frame))
         self._pump()
+
+    async def rewind(self, seq: int, chunk: int) -> None:
+        """Roll the world back to the end of chunk `chunk` (within the engine's retention).
+        Answered by `ready` naming `chunk`, with its last frame; the next chunk is `chunk` + 1.
+        Chunks outstanding when it came are cancelled first, exactly as by a reset: the ones that
+        committed before the cancel took come as `frames`, then one `cancelled` with the
+        rewind's seq, then `ready`. `NotRetained` when the world no longer holds that chunk
+        (beyond the retention, counted from the highest chunk of this world, or before the last
+        reset): found here before anything is cancelled; only should the chunks that commit
+        meanwhile push it out of the retention does the engine refuse after the cancel, as a
+        reset whose new world cannot be built."""
+        self._check_live()
+        if self._resetting:
+            raise RateLimited("a reset or rewind is in progress; send the rewind after its `ready`")
+        if chunk > self.last_chunk:
+            raise InvalidInput(f"chunk {chunk} has not been sent (last is {self.last_chunk})", field="chunk")
+        oldest = max(self._chunk_base, self._high - self._et.retention)
+        if chunk < oldest:
+            raise NotRetained(self._not_retained(chunk, oldest))
+        wait: _CancelWait | None = None
+        self._et.cancel_stream(self.id)
+        if self._pending:  # as `cancel` counts them
+            wait = _CancelWait(seq, set(self._pending), answered=asyncio.get_running_loop().create_future())
+            self._cancels.append(wait)
+        self._resetting = True
+        try:
+            try:
+                info = await self._et.rewind_stream(self.id, chunk - self._chunk_base)
+            except EngineNotRetained as exc:
+                raise NotRetained(self._not_retained(chunk, self._chunk_base + exc.oldest)) from exc
+            except (StreamNotFound, EngineDeadError) as exc:
+                if self.status.is_finished:
+                    return  # the session ended meanwhile: `closed` answered the rewind
+                raise SessionFailed(f"rewind failed: {exc}") from exc
+            if wait is not None:
+                await wait.answered  # the outcomes numbered before the rewind come first
+        finally:
+            self._resetting = False
+        if self.status.is_finished:
+            return  # `closed` went out instead of `ready`
+        self.last_chunk = self.acked = chunk
+        self.frames_out = self._frame_base + info.video_frames
+        self.frame = info.frame
+        self._retained.clear()
+        self.buffer.clear()
+        self.log.truncate(chunk)
+        self._emit(ReadyEvent(chunk, self.frame))
+        self._pump()
+
+    def _not_retained(self, chunk: int, oldest: int) -> str:
+        if chunk < self._chunk_base:
+            return f"chunk {chunk} belongs to the world before the last reset (chunk {self._chunk_base})"
+        return (
+            f"chunk {chunk} is not retained: the earliest chunk this session can go back to is "
+            f"{oldest} (the last is {self.last_chunk}; retention {self._et.retention} chunks)"
+        )
 
     # -- engine traffic -------------------------------------------------------------------------
 
@@ -440,9 +510,11 @@ class Session:
                 timings=outcome.timings.as_dict(),
             )
             self.last_chunk = event.chunk
+            self._high = max(self._high, event.chunk)
             self.frames_out = event.frame0 + event.frames.shape[0]
             self.frame = event.frames[-1]
             self.totals.add(event.timings)
+            self.log.append(event.chunk, outcome.actions)
             self._retained.append(event)
             self._emit(event)
         elif isinstance(outcome, ChunkFailed):

@@ -53,6 +53,7 @@ class Runtime:
         debug_hooks: bool = False,
         threads: int | None = None,
         prompt_threads: int = 1,
+        retention: int = 0,
     ) -> "Runtime":
         """Start the engine thread on the running loop; ``default_model`` None = the first world;
         ``overlap_decode`` None = pipelined decode when a world runs on CUDA (runtime/runner.py);
@@ -61,6 +62,7 @@ class Runtime:
         ``threads``: the engine thread's torch threads (`EngineThread`; None: the process's);
         ``prompt_threads``: the prompt worker's torch threads (text encoders; `EngineThread`);
         ``realtime_headroom``: realtime admission (`SessionManager`; None: off);
+        ``retention``: chunks a session can rewind by (runtime/history.py);
         ``device_memory``: bytes for every world's sessions together, the budget the engine sizes
         its pools from and admits by (runtime/memory.py; None: room for ``max_sessions``)."""
         if not worlds:
@@ -75,6 +77,7 @@ class Runtime:
             max_kv_bytes=device_memory,
             pipeline=overlap_decode,
             defer_context=defer_clean_pass,
+            retention=retention,
         )
         engine_thread = EngineThread(
             engine, asyncio.get_running_loop(), threads=threads, prompt_threads=prompt_threads

@@ -132,6 +132,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--token", default=None, help=f"require this token in open/generate (or env {TOKEN_ENV})"
     )
+    serve.add_argument(
+        "--retention",
+        type=int,
+        default=ServerConfig().retention,
+        metavar="CHUNKS",
+        help="chunks a session can `rewind` by; each costs a chunk of K/V ring slack and a decoder "
+        'cache and plug-in state per session (docs/ENGINE.md, "Rewind"; default: %(default)s)',
+    )
     serve.add_argument("--debug-hooks", action="store_true", help="accept open.debug (tests only)")
     _limit_args(serve)
     serve.set_defaults(run=_serve)
@@ -416,9 +424,10 @@ def _device_budget(worlds: dict[str, World], args: argparse.Namespace, requested
     if pipelined is None:  # the engine's own default (runtime/engine.py)
         pipelined = any(w.device.type == "cuda" for w in worlds.values())
     budget = memory.device_budget(args.device, args.device_memory)
-    fits = memory.fit_sessions(worlds, requested, budget, pipelined, args.device)
+    retention = getattr(args, "retention", 0)
+    fits = memory.fit_sessions(worlds, requested, budget, pipelined, args.device, retention)
     if fits < requested:
-        per = memory.pool_cost(worlds, pipelined).per_session
+        per = memory.pool_cost(worlds, pipelined, retention).per_session
         log.warning(
             "the device-memory budget of %s (%s) holds %d sessions of %s, not --max-sessions %d: "
             "a session's state takes %s; opens past what fits are answered busy (--device-memory "
@@ -442,6 +451,8 @@ def _serve(args: argparse.Namespace) -> int:
     check_port(args.port)
     if args.max_sessions < 1:
         raise StartupError(f"--max-sessions {args.max_sessions}: must be at least 1")
+    if args.retention < 0:
+        raise StartupError(f"--retention {args.retention}: must be at least 0 chunks")
     args.device = resolve_device(args.device)
     check_bind(args.host, args.port)
     args.engine_threads = _engine_threads(args.threads)
@@ -456,6 +467,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         device_memory=budget.nbytes,
         detach_ttl_s=args.detach_ttl,
+        retention=args.retention,
         max_batch=args.max_batch,
         realtime_headroom=args.realtime_headroom,
         overlap_decode=SWITCH[args.overlap_decode],

@@ -92,6 +92,7 @@ class Connection:
             "pause": self._pause,
             "resume": self._resume,
             "reset": self._reset,
+            "rewind": self._rewind,
             "fork": self._fork,
             "ack": self._ack,
             "ping": self._ping,
@@ -481,6 +482,10 @@ class Connection:
         session = self._live(msg)
         # answered by `ready`; a prompt the world cannot take is invalid_field (the session goes on)
         await self.manager.reset(session, msg.seq, msg.seed, msg.prompt)
+
+    async def _rewind(self, msg: m.Rewind) -> None:
+        # answered by `ready` (the session's ReadyEvent) or `not_retained` (the session goes on)
+        await self._live(msg).rewind(msg.seq, msg.chunk)
 
     async def _fork(self, msg: m.Fork) -> None:
         session = self._live(msg)

@@ -2,6 +2,7 @@
 
     worldserve record  --url HOST:PORT [--model M] [--seed 0] [--steps 50] [--policy random] --out DIR
     worldserve replay  DIR [--url HOST:PORT]
+    worldserve replay  LOG.json --out video.mp4|frames.npz [--device auto] [--dtype auto]
     worldserve rollout --url HOST:PORT [--model M] --episodes 64 --steps 100 --policy random|script:FILE
                        --concurrency 8 --out DIR
 
@@ -9,8 +10,10 @@
 ``--seed + N``; finished ones are skipped, so it resumes). ``replay`` plays an episode directory
 (or every episode under DIR) back through a server and says whether the frames match: exit 0 when
 bit-identical or its worst chunk's PSNR is at least ``--min-psnr`` (``--exact``: only when
-bit-identical), else 1. A server that cannot be reached or refuses the session (a wrong token or
-model) is one line on stderr and exit status 2, as bad usage is.
+bit-identical), else 1. Given a session log (a file: ``GET /v1/sessions/{id}/log``), ``replay``
+re-renders it offline in-process instead, through the same engine (web/replaylog.py). A server
+that cannot be reached or refuses the session (a wrong token or model) is one line on stderr and
+exit status 2, as bad usage is.
 
 The SDK, gymnasium and tqdm load only once a command runs: building the parser stays cheap.
 """
@@ -38,8 +41,12 @@ def register(commands: Any) -> None:
     record.add_argument("--steps", type=int, default=50, help="chunks to record (default: %(default)s)")
     record.set_defaults(run=_record)
 
-    replay = commands.add_parser("replay", help="play recorded episodes back and compare the frames")
-    replay.add_argument("dir", type=Path, help="an episode directory, or a directory of episodes")
+    replay = commands.add_parser(
+        "replay", help="play recorded episodes back and compare the frames, or re-render a session log"
+    )
+    replay.add_argument(
+        "dir", type=Path, help="an episode directory, a directory of episodes, or a session log (JSON file)"
+    )
     replay.add_argument("--url", default=DEFAULT_URL, help="server (default: %(default)s)")
     replay.add_argument("--token", default=None, help="server token, if it requires one")
     replay.add_argument(
@@ -49,6 +56,12 @@ def register(commands: Any) -> None:
         help="pass mark when not bit-identical, dB (default: %(default)s)",
     )
     replay.add_argument("--exact", action="store_true", help="pass only when bit-identical")
+    # a session log (web/replaylog.py) renders in-process with these
+    replay.add_argument("--out", type=Path, default=None, help="log: video.mp4, or frames.npz (raw frames)")
+    replay.add_argument("--model", default=None, help="log: load the log's model from this directory")
+    replay.add_argument("--device", default="auto", help="log: auto, cpu, cuda, cuda:1, ... (default: auto)")
+    replay.add_argument("--dtype", default="auto", help="log: auto, float32, bfloat16 or float16")
+    replay.add_argument("--threads", type=int, default=None, help="log: torch threads (default: torch's)")
     replay.set_defaults(run=_replay)
 
     rollout = commands.add_parser("rollout", help="record many episodes at once (batched on the server)")
@@ -124,6 +137,10 @@ def _record(args: argparse.Namespace) -> int:
 
 @_server_errors
 def _replay(args: argparse.Namespace) -> int:
+    if args.dir.is_file():
+        from web import replaylog
+
+        return replaylog.run(args)
     from web.sdk.record import is_complete
     from web.sdk.replay import replay
 

@@ -45,6 +45,7 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "not_found"  # unknown model or resume token
     UNAUTHORIZED = "unauthorized"  # missing or wrong server token
     INTERNAL = "internal"  # the server failed; not the client's fault
+    NOT_RETAINED = "not_retained"  # a `rewind` to a chunk the session no longer holds (v1 addition)
 
 
 class CloseCode(IntEnum):
@@ -67,6 +68,7 @@ _CLOSE_CODES: dict[ErrorCode, CloseCode] = {
     ErrorCode.NOT_FOUND: CloseCode.POLICY,
     ErrorCode.UNAUTHORIZED: CloseCode.POLICY,
     ErrorCode.INTERNAL: CloseCode.INTERNAL,
+    ErrorCode.NOT_RETAINED: CloseCode.POLICY,  # never fatal; here so that every code has one
 }
 
 

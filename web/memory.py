@@ -65,13 +65,18 @@ class PoolCost:
         return max(0, (nbytes - self.fixed) // self.per_session)
 
 
-def pool_cost(worlds: Mapping[str, World], pipelined: bool) -> PoolCost:
+def pool_cost(worlds: Mapping[str, World], pipelined: bool, retention: int = 0) -> PoolCost:
     """What the engine's memory owner charges for ``worlds`` (loaded, before any pool exists):
-    rows with a chunk of ring slack when ``pipelined`` (as `Engine` sets them up), sessions with
-    their plug-in state (`World.session_bytes`); the figures of runtime/memory.py."""
+    rows with a chunk of ring slack when ``pipelined`` and ``retention`` chunks more for rewinds
+    (as `Engine` sets them up), sessions with their plug-in state (`World.session_bytes`) and
+    rewind checkpoints; the figures of runtime/memory.py."""
     from runtime.memory import fixed_bytes, world_costs
+    from runtime.runner import ring_slack
 
-    costs = {name: world_costs(w, w.chunk_frames if pipelined else 0) for name, w in worlds.items()}
+    costs = {
+        name: world_costs(w, ring_slack(w.chunk_frames, pipelined, retention), retention)
+        for name, w in worlds.items()
+    }
     return PoolCost(per_session=max(c.session for c in costs.values()), fixed=fixed_bytes(costs))
 
 
@@ -117,11 +122,16 @@ def available_ram(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int:
 
 
 def fit_sessions(
-    worlds: Mapping[str, World], requested: int, budget: Budget, pipelined: bool, device: str
+    worlds: Mapping[str, World],
+    requested: int,
+    budget: Budget,
+    pipelined: bool,
+    device: str,
+    retention: int = 0,
 ) -> int:
     """How many of ``requested`` sessions the budget holds (at most ``requested``). Raises
     StartupError, one line saying what is needed and what to change, when not even one fits."""
-    cost = pool_cost(worlds, pipelined)
+    cost = pool_cost(worlds, pipelined, retention)
     fits = cost.sessions_within(budget.nbytes)
     if fits >= 1:
         return min(requested, fits)

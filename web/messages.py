@@ -71,6 +71,7 @@ __all__ = [
     "Ready",
     "Reset",
     "Resume",
+    "Rewind",
     "ServerMessage",
     "Step",
     "json_schema",
@@ -511,10 +512,23 @@ class Closed(_Message):
     reason: str
 
 
+# -- rewind (a v1 addition) -------------------------------------------------------------------
+
+
+class Rewind(_Message):
+    """Roll the committed world back to the end of chunk ``chunk`` (0: the world's start),
+    within the server's retention; answered by ``ready`` (``chunk`` and that chunk's last
+    ``frame``), or ``error`` ``not_retained`` (non-fatal, nothing changed)."""
+
+    type: Literal["rewind"] = "rewind"
+    seq: Seq
+    chunk: Count
+
+
 # -- unions -----------------------------------------------------------------------------------
 
 ClientMessage = Annotated[
-    Open | Action | Step | Cancel | Pause | Resume | Reset | Fork | Ack | Ping | Close | Generate,
+    Open | Action | Step | Cancel | Pause | Resume | Reset | Fork | Ack | Ping | Close | Generate | Rewind,
     Field(discriminator="type"),
 ]
 ServerMessage = Annotated[

@@ -1,7 +1,9 @@
 """Plain HTTP on the websocket port, answered from ``process_request`` (openpi's ``/healthz`` seam).
 
 Routes: ``/healthz`` (JSON), ``/metrics`` (Prometheus text), ``/v1/models`` (JSON list),
-``/v1/protocol.json`` (JSON schema of every message), ``/`` and any other file under the static
+``/v1/protocol.json`` (JSON schema of every message), ``/v1/sessions/{id}/log`` (a live session's
+action log, web/sessionlog.py; with a server token it wants ``Authorization: Bearer TOKEN``),
+``/`` and any other file under the static
 directory (the browser client). ``/v1/session`` goes on to the websocket handshake once
 :mod:`web.admission` lets it (a request without ``Upgrade`` gets websockets' own 426). Every
 path, the handshake's too, first needs a ``Host`` the admission accepts (DNS rebinding), else
@@ -12,7 +14,9 @@ import email.utils
 import http
 import json
 import mimetypes
+import secrets
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from websockets.asyncio.server import ServerConnection
@@ -20,14 +24,17 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from runtime.metrics import REGISTRY
+from sessions.errors import SessionNotFound
 from sessions.manager import SessionManager
 from web import convert
 from web.admission import Admission
 from web.messages import PROTOCOL_VERSION, json_schema
+from web.sessionlog import session_log
 
 __all__ = ["SESSION_PATH", "Routes"]
 
 SESSION_PATH = "/v1/session"
+SESSIONS_PREFIX = "/v1/sessions/"  # + {id}/log
 JSON = "application/json"
 
 
@@ -39,10 +46,14 @@ class Routes:
         manager: SessionManager,
         static_dir: Path,
         admission: Admission | None = None,
+        token: str | None = None,
+        retention: int = 0,
     ) -> None:
         self.manager = manager
         self.static_dir = static_dir.resolve()
         self.admission = admission  # the Host check, and the handshake checks of SESSION_PATH
+        self.token = token  # the server token: wanted by the session log route when set
+        self.retention = retention  # the engine's rewind retention, reported in session logs
         self._schema = json.dumps(json_schema()).encode()  # constant: built once
 
     def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
@@ -62,7 +73,24 @@ class Routes:
             return _response(http.HTTPStatus.OK, json.dumps(self._models()).encode(), JSON)
         if path == "/v1/protocol.json":
             return _response(http.HTTPStatus.OK, self._schema, JSON)
+        if path.startswith(SESSIONS_PREFIX) and path.endswith("/log"):
+            return self._log(request, path.removeprefix(SESSIONS_PREFIX).removesuffix("/log"))
         return self._static(path)
+
+    def _log(self, request: Request, session_id: str) -> Response:
+        """A live session's action log as JSON; 401 without the server's token (when it has
+        one: ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``), 404 for an unknown session."""
+        if self.token is not None:
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            given = given or parse_qs(urlsplit(request.path).query).get("token", [""])[0]
+            if not secrets.compare_digest(given.encode(), self.token.encode()):
+                return _response(http.HTTPStatus.UNAUTHORIZED, b"missing or wrong token\n")
+        try:
+            session = self.manager.get(session_id)
+        except SessionNotFound:
+            return _response(http.HTTPStatus.NOT_FOUND, b"no such session\n")
+        body = session_log(session, self.retention).model_dump_json().encode()
+        return _response(http.HTTPStatus.OK, body, JSON)
 
     def _healthz(self) -> Response:
         dead = self.manager.engine.dead

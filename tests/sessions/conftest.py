@@ -22,10 +22,15 @@ def worlds():
 
 @contextlib.asynccontextmanager
 async def running(
-    worlds, thread: type[EngineThread] = EngineThread, hook: BoundaryHook | None = None, **kw
+    worlds,
+    thread: type[EngineThread] = EngineThread,
+    hook: BoundaryHook | None = None,
+    retention: int = 0,
+    **kw,
 ) -> AsyncIterator[SessionManager]:
-    """A started engine thread (of class `thread`, its engine with boundary `hook`) and a manager."""
-    engine = Engine(worlds, max_batch=4, boundary_hook=hook)
+    """A started engine thread (of class `thread`, its engine with boundary `hook` and rewind
+    `retention`) and a manager."""
+    engine = Engine(worlds, max_batch=4, boundary_hook=hook, retention=retention)
     et = thread(engine, asyncio.get_running_loop())
     et.start()
     manager = SessionManager(et, default_model="tiny", **kw)

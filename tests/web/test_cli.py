@@ -31,6 +31,7 @@ from web import app, cli
 from web import messages as m
 from web.cli import main, script_actions
 from web.errors import ServerError
+from web.hub import ServerConfig
 from web.sdk import Client
 
 ROOT = Path(__file__).parents[2]
@@ -344,7 +345,8 @@ def test_serve_says_how_many_sessions_the_budget_holds(
     room); one warning line says how many sessions of the world the budget holds."""
     from web import memory
 
-    cost = memory.pool_cost({"w": registry.from_name("tiny-random")}, pipelined=False)
+    retention = ServerConfig().retention  # serve's default rewind retention is charged too
+    cost = memory.pool_cost({"w": registry.from_name("tiny-random")}, pipelined=False, retention=retention)
     started: list[tuple[int, int | None]] = []
 
     async def serve(server) -> None:  # instead of listening: what the server would be started with

@@ -266,6 +266,7 @@ CLIENT_MESSAGES: list[m.ClientMessage] = [
     m.Ping(t=9.5),
     m.Close(),
     m.Generate(chunks=2, actions=((m.FrameAction(),),), codec="h264"),
+    m.Rewind(seq=10, chunk=3),
 ]
 MODEL = m.ModelInfo(
     id="tiny",

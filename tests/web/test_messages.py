@@ -47,6 +47,7 @@ def test_every_protocol_type_has_one_model() -> None:
         "ping",
         "close",
         "generate",
+        "rewind",  # a v1 addition
     ]
     server_types = ["ready", "frames", "cancelled", "forked", "done", "pong", "error", "closed"]
     assert sorted(m.CLIENT_TYPES) == sorted(client_types)
@@ -340,6 +341,13 @@ def test_other_server_messages() -> None:
     assert server({"type": "closed", "reason": "ttl"}).reason == "ttl"
 
 
+def test_rewind_names_a_chunk_from_zero() -> None:
+    msg = m.CLIENT_ADAPTER.validate_python({"type": "rewind", "seq": 3, "chunk": 0})
+    assert msg == m.Rewind(seq=3, chunk=0)
+    assert rejected({"type": "rewind", "seq": 3, "chunk": -1}) == ("chunk",)
+    assert rejected({"type": "rewind", "seq": 3}) == ("chunk",)
+
+
 # -- Errors -------------------------------------------------------------------------------------
 
 
@@ -354,6 +362,7 @@ def test_error_codes_are_the_protocols() -> None:
         "not_found",
         "unauthorized",
         "internal",
+        "not_retained",  # a v1 addition (rewind)
     ]
 
 

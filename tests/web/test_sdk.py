@@ -256,3 +256,34 @@ def test_sync_realtime_generate_and_errors(worlds) -> None:
         with pytest.raises(ServerError) as info:
             Client(server.url, model="nope")
         assert info.value.code is ErrorCode.NOT_FOUND
+
+
+def test_rewind_in_both_sdks(worlds) -> None:
+    """`rewind(n)`: the ready naming n with its last frame, then the same steps give the same
+    frames under the same numbers; a step still waiting raises StepCancelled; past the retention
+    `not_retained` and the session goes on."""
+
+    async def main():
+        async with serving(worlds, retention=2, debug_hooks=True) as server:
+            async with connect(server.url, seed=4, mode="lockstep", codec="raw") as s:
+                first = [await s.step({"keys": [k]}) for k in "wdas"]
+                back = await s.rewind(2)
+                assert back.chunk == 2 and np.array_equal(back.frame, first[1][-1])
+                assert np.array_equal(await s.step({"keys": ["a"]}), first[2])  # chunk 3 again
+                with pytest.raises(ServerError) as info:
+                    await s.rewind(0)
+                assert info.value.code is ErrorCode.NOT_RETAINED and not info.value.fatal
+                assert np.array_equal(await s.step({"keys": ["s"]}), first[3])
+            async with connect(server.url, mode="lockstep", debug={"step_delay_ms": 40}) as slow:
+                await slow.step({})
+                step = asyncio.create_task(slow.step({}))
+                await asyncio.sleep(0.05)
+                assert (await slow.rewind(1)).chunk == 1
+                with pytest.raises(StepCancelled):
+                    await step
+
+    run(main())
+    with serving_in_thread(worlds, retention=1) as server, Client(server.url, seed=4) as world:
+        a = world.step({"keys": ["w"]})
+        world.step({"keys": ["d"]})
+        assert world.rewind(1).chunk == 1 and np.array_equal(world.ready.frame, a[-1])

@@ -22,11 +22,12 @@ from web.errors import ServerError, SessionClosed, StepCancelled
 from web.sdk.actions import ActionLike, frame_actions
 from web.sdk.types import Chunk, Generated
 
-__all__ = ["ENDED", "NO_SEQ", "ClientCore", "Key", "generate_message", "open_message"]
+__all__ = ["ENDED", "NO_SEQ", "REWIND", "ClientCore", "Key", "generate_message", "open_message"]
 
 Key = tuple[str, Any]
 NO_SEQ = -1  # an awaited reply that no `error` can answer (wire seqs are >= 0 or absent)
 ENDED = frozenset({"closed", "done"})  # `closed` reasons that end a session normally
+REWIND = ("rewind", None)  # the reply key of a `rewind`: the `ready` that answers it
 
 
 def open_message(
@@ -149,7 +150,11 @@ class ClientCore:
                 msg = msg.model_copy(update={"frame": decode_jpeg(msg.frame)})
             self.ready = msg
             self._decoder.set_scale(msg.codec.scale or 1)
-            self._reply(("ready", None), msg)
+            if REWIND in self._awaited:
+                self._rewound(msg.chunk)
+                self._reply(REWIND, msg)
+            else:
+                self._reply(("ready", None), msg)
         elif isinstance(msg, m.Cancelled):
             for key, seq in list(self._awaited.items()):
                 if key[0] == "step" and seq is not None and seq < msg.seq:  # rolled back
@@ -196,6 +201,12 @@ class ClientCore:
             self._reply(key, chunk)
         else:
             self.chunks.append(chunk)
+
+    def _rewound(self, chunk: int) -> None:
+        """A rewind to `chunk` took effect: the chunks after it are gone (unclaimed ones are
+        dropped) and their numbers come again."""
+        self.received = chunk
+        self.chunks = deque(c for c in self.chunks if c.chunk <= chunk)
 
     def _reply(self, key: Key, value: Any) -> None:
         if key in self._awaited:

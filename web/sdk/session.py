@@ -17,7 +17,7 @@ from web import messages as m
 from web.codec import encode
 from web.errors import ServerUnreachable, SessionClosed, WebError
 from web.sdk.actions import ActionLike, frame_actions, vector_array
-from web.sdk.core import ENDED, ClientCore, Key
+from web.sdk.core import ENDED, REWIND, ClientCore, Key
 from web.sdk.types import Chunk
 from web.sdk.urls import CLIENT_MAX_SIZE, CONNECT_TIMEOUT_S, RETRY_S, session_url
 
@@ -179,6 +179,14 @@ class Session:
         """A fresh world in the same session (None: the same seed / prompt); the new ``ready``."""
         seq = self.core.next_seq()
         return await self._call(m.Reset(seq=seq, seed=seed, prompt=prompt), ("ready", None), seq)
+
+    async def rewind(self, chunk: int) -> m.Ready:
+        """Roll the world back to the end of chunk ``chunk`` (within the server's retention);
+        the ``ready`` naming it, with its last frame. Steps still waiting raise StepCancelled;
+        unclaimed chunks after it are dropped and their numbers come again. ServerError with
+        code ``not_retained`` when the server no longer holds that chunk (nothing changed)."""
+        seq = self.core.next_seq()
+        return await self._call(m.Rewind(seq=seq, chunk=chunk), REWIND, seq)
 
     async def fork(self) -> str:
         """Copy the committed world into a new detached session; its resume token."""

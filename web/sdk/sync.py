@@ -22,7 +22,7 @@ from web.codec import encode
 from web.errors import ServerUnreachable, SessionClosed
 from web.sdk.actions import ActionLike, frame_actions, vector_array
 from web.sdk.base import BaseWorld
-from web.sdk.core import ENDED, ClientCore, Key, generate_message, open_message
+from web.sdk.core import ENDED, REWIND, ClientCore, Key, generate_message, open_message
 from web.sdk.types import Chunk, Generated
 from web.sdk.urls import CLIENT_MAX_SIZE, CONNECT_TIMEOUT_S, RETRY_S, session_url
 
@@ -190,6 +190,11 @@ class Client(BaseWorld):
     def reset(self, seed: int | None = None, prompt: str | None = None) -> m.Ready:
         seq = self.core.next_seq()
         return self._call(m.Reset(seq=seq, seed=seed, prompt=prompt), ("ready", None), seq)
+
+    def rewind(self, chunk: int) -> m.Ready:
+        """Roll the world back to the end of chunk ``chunk`` (see the async SDK's `rewind`)."""
+        seq = self.core.next_seq()
+        return self._call(m.Rewind(seq=seq, chunk=chunk), REWIND, seq)
 
     def fork(self) -> str:
         """Copy the committed world into a new detached session; its resume token."""

@@ -53,6 +53,8 @@ const state = (window.__worldserve = {
   skipped: 0, // frames that could not be decoded (or waited too long for the decoder)
   stillsShown: 0, // ready.frame pictures drawn (the world before its first chunk)
   cancels: 0, // `cancelled` replies
+  rewinds: 0, // `ready`s answering ⟲ back
+  rewoundTo: null, // the chunk the last of them named
   mouseSent: 0, // |dx| + |dy| sent in actions, px
   forks: [], // resume tokens of forks made here
   startImage: null, // {name, width, height} of the start image sent with the last open, or null
@@ -77,7 +79,7 @@ function onReady(msg) {
 
 function onStatus(status) {
   const live = status === "playing" || status === "paused";
-  for (const id of ["pause", "cancel", "reset", "fork"]) $(id).disabled = !live;
+  for (const id of ["pause", "cancel", "back", "reset", "fork"]) $(id).disabled = !live;
   $("pause").textContent = state.paused ? "Resume" : "Pause";
   hud.render(state);
 }
@@ -174,6 +176,17 @@ button("overlay", start);
 button("pause", () => stream.pause(!state.paused));
 button("cancel", () => stream.cancel());
 button("reset", reset);
+// ⟲ back: one chunk back per press; held, it keeps stepping back (generation paused meanwhile)
+$("back").addEventListener("pointerdown", (e) => {
+  e.currentTarget.setPointerCapture(e.pointerId);
+  stream.scrub(true);
+});
+for (const type of ["pointerup", "pointercancel"]) {
+  $("back").addEventListener(type, (e) => {
+    e.currentTarget.blur(); // Space is a game key: keep it away from focused buttons
+    stream.scrub(false);
+  });
+}
 button("fork", () => stream.fork(window.open("about:blank", "_blank"))); // opened while the click counts
 button("dice", () => {
   $("seed").value = String(Math.floor(Math.random() * 2 ** 31));

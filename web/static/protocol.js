@@ -147,6 +147,7 @@ export const client = {
     prompt: prompt || undefined, // none: the session keeps its prompt
   }),
   fork: (seq) => ({ type: "fork", seq }),
+  rewind: (seq, chunk) => ({ type: "rewind", seq, chunk }), // a v1 addition: answered by `ready`
   ping: (t) => ({ type: "ping", t }),
   close: () => ({ type: "close" }),
 };

@@ -4,6 +4,8 @@
 // `ready.frame` (the world's latest frame, e.g. an image-started world's start frame) is drawn at
 // once for a new session or a reset, unless a chunk's frame got on screen first.
 // H.264 falls back to JPEG (by resuming the session with ?codec=jpeg) when it cannot decode.
+// ⟲ back (`scrub`): `rewind` one chunk behind the one on screen, then, while held, one more
+// after each answering `ready` (SCRUB_MS apart), with realtime generation paused meanwhile.
 
 import { decodeStill, h264Problem, makeDecoder } from "./decoders.js";
 import { closedText, errorText } from "./hud.js";
@@ -13,6 +15,7 @@ import { SessionSocket } from "./session.js";
 const MAX_ERRORS = 50; // errors kept in state.errors
 const LATENCY_SAMPLES = 20; // the latency average is over this many samples
 const H264_RETRIES = 2; // decoder failures (after frames did decode) before falling back to JPEG
+const SCRUB_MS = 200; // a held ⟲ back steps one chunk back this often at most
 
 export class Stream {
   constructor({ state, player, input, hud, onReady, onStatus }) {
@@ -30,6 +33,9 @@ export class Stream {
     this.decoder = null;
     this.forkTab = null; // the tab opened for a fork, waiting for `forked`
     this.stillGen = 0; // counts ready frames: a slow decode of an older one is not drawn
+    this.held = false; // ⟲ back is held down
+    this.rewinding = null; // the chunk of the `rewind` sent and not answered yet
+    this.pausedForScrub = false; // generation was paused by the scrub (resumed on release)
     player.onChunkShown = (slot) => this.shown(slot);
     this.clear();
   }
@@ -98,6 +104,31 @@ export class Stream {
 
   reset(seed, prompt) {
     this.conn.send(client.reset(this.conn.nextSeq(), seed, prompt));
+  }
+
+  /** ⟲ back pressed (`down`) or released: rewind chunk by chunk while it is held. */
+  scrub(down) {
+    this.held = down;
+    if (down && !this.state.paused) {
+      this.pausedForScrub = true;
+      this.conn.pause(true);
+    }
+    if (down) this.stepBack();
+    else if (this.pausedForScrub && this.rewinding === null) this.endScrub();
+  }
+
+  stepBack() {
+    if (!this.live || this.rewinding !== null) return;
+    const target = Math.max(0, (this.state.chunk || 0) - 1);
+    if (target === this.state.chunk) return this.endScrub(); // nothing before the world's start
+    this.rewinding = target;
+    this.conn.send(client.rewind(this.conn.nextSeq(), target));
+  }
+
+  endScrub() {
+    this.held = false;
+    if (this.pausedForScrub) this.conn.pause(false);
+    this.pausedForScrub = false;
   }
 
   /** Fork; `tab` (opened during the click, so no popup blocker stops it) gets the copy. */
@@ -169,6 +200,12 @@ export class Stream {
       case "forked": return this.forked(msg);
       case "pong": state.rttMs = this.conn.rttMs; return;
       case "error": {
+        if (msg.code === "not_retained") {
+          this.rewinding = null;
+          this.endScrub();
+          hud.say("The server keeps no older chunk of this world.", { level: "info" });
+          return;
+        }
         const refused = this.conn.refusal === msg; // our `open` was turned down: the attempt ended
         const text = errorText(refused ? { ...msg, fatal: true } : msg);
         state.errors = [...state.errors.slice(1 - MAX_ERRORS), { ...msg, text }];
@@ -177,6 +214,7 @@ export class Stream {
       }
       case "cancelled":
         state.cancels++;
+        if (this.rewinding !== null) return; // a rewind cancels what was in flight: no news
         hud.say(`Chunk ${msg.chunk} was cancelled; the world is as it was.`, { level: "info" });
         return;
       case "closed":
@@ -190,7 +228,17 @@ export class Stream {
     const { state, player } = this;
     const same = msg.session_id === state.sessionId;
     const fresh = socket === this.readySocket || !same; // a reset or another session: a new picture
-    if (socket === this.readySocket) {
+    if (socket === this.readySocket && this.rewinding !== null) {
+      // the answer to ⟲ back: chunk msg.chunk is the world's last; its numbers after it come again
+      player.flush();
+      this.lastReceived = state.chunk = state.rewoundTo = msg.chunk;
+      this.lastAck = Math.min(this.lastAck, msg.chunk);
+      this.rewinding = null;
+      state.rewinds++;
+      this.hud.say(`Back to chunk ${msg.chunk}.`, { level: "info" });
+      if (this.held) setTimeout(() => this.held && this.stepBack(), SCRUB_MS);
+      else if (this.pausedForScrub) this.endScrub();
+    } else if (socket === this.readySocket) {
       // a second `ready` on one socket answers `reset`: chunks after msg.chunk are the new world
       player.flush(msg.chunk);
       this.lastReceived = Math.max(this.lastReceived, msg.chunk);

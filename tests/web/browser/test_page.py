@@ -99,6 +99,25 @@ def test_reset_gives_a_new_world(open_page: OpenPage) -> None:
     page.screenshot()
 
 
+def test_back_steps_back_a_chunk_and_held_keeps_stepping(open_page: OpenPage) -> None:
+    page = open_page("?autostart=1&codec=jpeg&seed=5")
+    s = page.wait(f"{PLAYING} && s.chunksShown >= 6")
+    page.page.click("#back")
+    s = page.wait("s.rewinds === 1")
+    assert s["rewoundTo"] >= 5 and s["errors"] == [] and s["worlds"] == 1
+    page.wait(f"{PLAYING} && s.chunk > {s['rewoundTo']}")  # released: the world goes on from there
+    box = page.page.locator("#back").bounding_box()
+    assert box is not None
+    page.page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.page.mouse.down()
+    page.wait("s.rewinds >= 3", timeout_s=30)  # held: one chunk back after another
+    page.page.mouse.up()
+    s = page.state()
+    assert s["errors"] == [] and s["rewoundTo"] >= 0
+    page.wait(f"{PLAYING} && s.chunk > {s['rewoundTo']}")
+    assert page.console == []
+
+
 @pytest.mark.parametrize("codec", ["h264", "raw"])
 def test_codec_renders(open_page: OpenPage, codec: str) -> None:
     page = open_page(f"?autostart=1&codec={codec}")
