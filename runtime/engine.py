@@ -47,6 +47,7 @@ from runtime.requests import (
 )
 from runtime.runner import BoundaryHook, Runner, RunnerOutput
 from runtime.scheduler import ChunkShape, FairScheduler, Scheduler
+from runtime.snapshot import Snapshot, SnapshotError, check_world, decode, encode
 from runtime.throughput import BatchTimer, ThroughputMeter
 from runtime.transaction import Stream
 
@@ -217,6 +218,40 @@ class Engine:
         self.runner.remove(stream_id)
         self._side_outcomes += [self._cancelled(r, numbers[r.request_id]) for r in dropped]
         self._release(stream_id)
+
+    def snapshot_stream(self, stream_id: str, session: dict, arrays: dict[str, np.ndarray]) -> bytes:
+        """The stream's committed world as snapshot bytes (runtime/snapshot.py), with the
+        sessions layer's `session` JSON and `arrays`; the stream runs on. Chunks still in flight
+        are finished first (`_settle`): the snapshot holds what committed."""
+        stream = self._stream(stream_id)
+        self._settle()
+        if stream.lost is not None:
+            raise InvalidRequest("stream", stream.lost)
+        model_id, weights, tensors, meta = self.memory.capture(stream_id)
+        snap = Snapshot(model_id, weights, meta, tensors, list(stream.action_log), session, arrays)
+        return encode(snap)
+
+    def restore_stream(self, stream_id: str, data: bytes) -> tuple[StreamInfo, dict, dict[str, np.ndarray]]:
+        """A new stream holding the world of snapshot bytes; returns its info and the sessions
+        layer's JSON and arrays. `SnapshotError` (nothing changes) for damaged bytes, another
+        format, a model not loaded, other weights or tensors that do not fit; `CapacityError`
+        when its bytes do not fit the budget."""
+        if stream_id in self.runner.streams:
+            raise ValueError(f"stream {stream_id} exists")
+        snap = decode(data)
+        check_world(snap, self.worlds)
+        self._settle()
+        try:
+            lease = self.memory.install(stream_id, snap.model_id, snap.tensors, snap.world)
+        except (ValueError, KeyError) as exc:
+            raise SnapshotError("unfit", f"snapshot does not fit model {snap.model_id}: {exc}") from exc
+        finally:
+            self._observe_memory()
+        assert lease.state is not None
+        stream = Stream(stream_id, snap.model_id, lease.state)
+        stream.action_log.extend(snap.action_log)
+        self.runner.streams[stream_id] = stream
+        return self.info(stream_id), snap.session, snap.arrays
 
     def close(self) -> None:
         """Free every stream's device state (the engine is done: nothing runs after this).
@@ -574,6 +609,18 @@ class EngineThread:
     def remove_stream(self, stream_id: str) -> asyncio.Future[None]:
         """`Engine.remove_stream` on the engine thread (frees the stream's device state)."""
         return self.call(self.engine.remove_stream, stream_id)
+
+    def snapshot_stream(
+        self, stream_id: str, session: dict, arrays: dict[str, np.ndarray]
+    ) -> asyncio.Future[bytes]:
+        """`Engine.snapshot_stream` on the engine thread."""
+        return self.call(self.engine.snapshot_stream, stream_id, session, arrays)
+
+    def restore_stream(
+        self, stream_id: str, data: bytes
+    ) -> asyncio.Future[tuple[StreamInfo, dict, dict[str, np.ndarray]]]:
+        """`Engine.restore_stream` on the engine thread (`SnapshotError`, `CapacityError`)."""
+        return self.call(self.engine.restore_stream, stream_id, data)
 
     def info(self, stream_id: str) -> asyncio.Future[StreamInfo]:
         """`Engine.info` on the engine thread."""
