@@ -26,13 +26,15 @@ from models.actions import FrameAction
 from models.registry import UnknownModelError
 from models.world import Conditioning, ConditioningError
 from runtime.engine import EngineThread, StreamInfo
-from runtime.errors import CapacityError, EngineDeadError, StreamNotFound
+from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
 from runtime.memory import OutOfBudget
 from runtime.requests import DebugHooks
+from runtime.snapshot import SnapshotError, read_manifest
 from sessions import capacity
 from sessions.errors import InvalidInput, SessionBusy, SessionError, SessionFailed, SessionNotFound
 from sessions.events import ClosedEvent, DoneEvent, ErrorEvent, FramesEvent, ReadyEvent, SessionEvent
-from sessions.session import Mode, Session, SessionStatus, Sink
+from sessions.session import Mode, Session, SessionStatus, Sink, token_hash
+from sessions.store import StateStore, StoreError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,11 +93,14 @@ class SessionManager:
         return s
 
     def by_token(self, token: str) -> Session:
-        """A live session by resume token (compared in constant time per candidate)."""
-        for known, s in self._by_token.items():
-            if secrets.compare_digest(known, token):
-                return s
-        raise SessionNotFound("unknown or expired resume token")
+        """A live session by resume token. Sessions are kept by the token's sha256 (a restored
+        session's token exists only in its client), so a lookup reveals nothing about the tokens."""
+        s = self._by_token.get(token_hash(token))
+        if s is None:
+            raise SessionNotFound("unknown or expired resume token")
+        if not s.resume_token:
+            s.resume_token = token  # a restored session learns its token back from its client
+        return s
 
     def models(self) -> dict[str, object]:
         """Specs of the loaded models by id."""
@@ -152,7 +157,7 @@ class SessionManager:
             raise
         session.frame = info.frame
         session.frames_out = info.video_frames
-        self._by_token[session.resume_token] = session
+        self._by_token[session.token_hash] = session
         self._ensure_sweeper()
         return session
 
@@ -184,7 +189,7 @@ class SessionManager:
             self._sessions.pop(dst.id, None)
             raise
         dst.forked_from(src, info)
-        self._by_token[dst.resume_token] = dst
+        self._by_token[dst.token_hash] = dst
         return dst
 
     def _check_realtime_rate(self, model_id: str) -> None:
@@ -220,7 +225,7 @@ class SessionManager:
 
     def _forget(self, session: Session) -> None:
         self._sessions.pop(session.id, None)
-        self._by_token.pop(session.resume_token, None)
+        self._by_token.pop(session.token_hash, None)
         self.engine.cancel_stream(session.id)
         with contextlib.suppress(EngineDeadError, CapacityError):
             fut = self.engine.remove_stream(session.id)
@@ -238,6 +243,8 @@ class SessionManager:
             raise InvalidInput(str(exc), field=exc.field) from exc
         except StreamNotFound as exc:
             raise SessionNotFound(str(exc)) from exc
+        except InvalidRequest as exc:
+            raise InvalidInput(f"{exc.field}: {exc}", field=exc.field) from exc
         except EngineDeadError as exc:
             raise SessionFailed(str(exc)) from exc
 
@@ -250,6 +257,132 @@ class SessionManager:
             prompt=prompt or session.cond.prompt,
         )
         await session.reset(seq, cond)
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    async def snapshot(self, session: Session) -> bytes:
+        """A save game of `session`: its whole state as snapshot bytes (runtime/snapshot.py),
+        taken once its outstanding chunks have resolved (they commit; realtime generation waits
+        meanwhile). The resume token is not in it. The session goes on."""
+        await session.hold()
+        try:
+            session._check_live()
+            return await self._snapshot_held(session)
+        finally:
+            session.unhold()
+
+    async def _snapshot_held(self, session: Session, token: str = "") -> bytes:
+        rec, arrays = session.record()
+        if token:
+            rec["token_sha256"] = token
+        return await self._engine_call(lambda: self.engine.snapshot_stream(session.id, rec, arrays))
+
+    async def restore(self, data: bytes, mode: Mode | None = None, max_ahead: int | None = None) -> Session:
+        """A new session from a save game (`snapshot` bytes): new id and token, numbered on from
+        the saved chunk, detached until the caller activates it. `InvalidInput` (field "data")
+        names why a snapshot is refused (damaged, another model or weights); `SessionBusy` as
+        `open` when it does not fit."""
+        if len(self._sessions) >= self.max_sessions and not self._evict_detached():
+            raise SessionBusy(f"server is full ({self.max_sessions} sessions); retry later")
+        return await self._restore(uuid.uuid4().hex, data, mode, max_ahead, None)
+
+    async def _restore(
+        self, session_id: str, data: bytes, mode: Mode | None, max_ahead: int | None, token: str | None
+    ) -> Session:
+        """The stream from `data` under `session_id`, then its session. `token`: the saved token
+        hash to keep (a restart); None: a new token (a save game)."""
+        while True:
+            try:
+                info, rec, arrays = await self._engine_call(
+                    lambda: self.engine.restore_stream(session_id, data)
+                )
+                break
+            except SessionBusy as exc:
+                if not isinstance(exc.__cause__, OutOfBudget) or not self._evict_detached():
+                    raise
+            except SnapshotError as exc:
+                raise InvalidInput(f"data: snapshot refused ({exc.reason}): {exc}", field="data") from exc
+        model_id = str(rec["model"])
+        cond = Conditioning(seed=int(rec["seed"]), image=arrays.get("image"), prompt=rec.get("prompt"))
+        session = Session(
+            self.engine,
+            session_id=session_id,
+            resume_token="" if token else secrets.token_urlsafe(32),
+            spec=self.engine.specs()[model_id],
+            mode=mode or rec["mode"],  # type: ignore[arg-type]
+            max_ahead=max_ahead or int(rec["max_ahead"]),
+            cond=cond,
+        )
+        if token:
+            session.token_hash = token
+        session.on_finished = self._forget
+        session.adopt(rec, arrays, info, keep_unacked=token is not None)
+        self._sessions[session.id] = session
+        self._by_token[session.token_hash] = session
+        self._ensure_sweeper()
+        return session
+
+    async def persist(self, store: StateStore, timeout_s: float) -> tuple[list[str], list[str]]:
+        """Save every live and detached session to `store` within `timeout_s` (the server is
+        stopping): chunks in flight are cancelled (a resuming client sends its unanswered steps
+        again), then each session's snapshot is written, the longest-idle first. Returns (saved,
+        not saved) session ids; those not saved in time, or whose snapshot failed, are logged."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        todo = [
+            s for s in self._sessions.values() if s.status in (SessionStatus.ACTIVE, SessionStatus.DETACHED)
+        ]
+        todo.sort(key=lambda s: (s.status is SessionStatus.ACTIVE, s.detached_at or 0.0))
+        holds = [asyncio.ensure_future(s.hold(cancel=True)) for s in todo]
+        saved: list[str] = []
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*holds, return_exceptions=True), max(0.0, deadline - loop.time())
+            )
+            for s in todo:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    data = await asyncio.wait_for(self._snapshot_held(s, s.token_hash), left)
+                    await loop.run_in_executor(None, store.write, s.id, data)
+                    saved.append(s.id)
+                except (SessionError, OSError, TimeoutError) as exc:
+                    log.warning("= session %s not saved: %s", s.id, exc)
+        except TimeoutError:
+            pass
+        missed = [s.id for s in todo if s.id not in saved]
+        if missed:
+            log.warning(
+                "= %d sessions not saved within %.1f s: %s", len(missed), timeout_s, ", ".join(missed)
+            )
+        log.info("= saved %d sessions to %s", len(saved), store.root)
+        return saved, missed
+
+    async def restore_saved(self, store: StateStore) -> tuple[list[str], list[str]]:
+        """Bring back every session saved in `store` as a detached session with its old id and
+        resume token (its TTL starts now). An entry that cannot be restored (damaged bytes,
+        another model or weights, no room) is moved aside (`StateStore.refuse`) and logged by
+        name and reason; the others restore. A restored entry leaves the store (the next stop
+        saves it again). Returns (restored, refused) ids."""
+        restored: list[str] = []
+        refused: list[str] = []
+        loop = asyncio.get_running_loop()
+        for sid in store.entries():
+            try:
+                data = await loop.run_in_executor(None, store.read, sid)
+                rec_token = _saved_token(data)
+                await self._restore(sid, data, None, None, rec_token)
+            except (StoreError, SessionError) as exc:
+                why = getattr(exc, "message", None) or str(exc)
+                log.error("= saved session %s refused: %s (moved to %s)", sid, why, store.refuse(sid, why))
+                refused.append(sid)
+                continue
+            store.remove(sid)
+            restored.append(sid)
+        if restored:
+            log.info("= restored %d sessions from %s", len(restored), store.root)
+        return restored, refused
 
     # -- one-shot -------------------------------------------------------------------------------
 
@@ -341,3 +474,14 @@ class SessionManager:
 def _ignore_result(fut: asyncio.Future) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.debug("remove_stream: %s", fut.exception())
+
+
+def _saved_token(data: bytes) -> str:
+    """The resume-token hash a saved session keeps (InvalidInput when the bytes have none)."""
+    try:
+        token = read_manifest(data)["session"]["token_sha256"]
+    except (SnapshotError, KeyError, TypeError) as exc:
+        raise InvalidInput(f"data: saved session without its token: {exc}", field="data") from exc
+    if not isinstance(token, str) or len(token) != 64:
+        raise InvalidInput("data: saved session with a malformed token hash", field="data")
+    return token
