@@ -52,6 +52,10 @@ class ServerConfig:
     defer_clean_pass: bool | None = None  # clean pass after the frames are out; None: unless overlapping
     engine_threads: int | None = None  # torch threads of the engine thread; None: the process's
     max_message: int = 1 << 20  # bytes per client message; bigger ones get `too_large`
+    max_snapshot: int = 8 << 20  # bytes of a save game: a `snapshot` past it gets `too_large`, and
+    # a `restore` (a connection's first message) may be this big
+    state_dir: Path | None = None  # where sessions are saved on stop and restored on start; None: off
+    persist_timeout_s: float = 20.0  # on stop, how long saving the sessions may take (the rest: logged)
     outbox_chunks: int = 4  # `frames` messages queued per connection before frames drop
     send_buffer: int = 1 << 18  # kernel send buffer per socket, bytes: frames wait in our queue
     # (where they can be dropped), not in megabytes of autotuned kernel buffer (stale by seconds)
