@@ -227,7 +227,10 @@ class Engine:
         self._settle()
         if stream.lost is not None:
             raise InvalidRequest("stream", stream.lost)
-        model_id, weights, tensors, meta = self.memory.capture(stream_id)
+        try:
+            model_id, weights, tensors, meta = self.memory.capture(stream_id)
+        except NotImplementedError as exc:  # a plug-in that cannot write its state
+            raise InvalidRequest("type", str(exc)) from exc
         snap = Snapshot(model_id, weights, meta, tensors, list(stream.action_log), session, arrays)
         return encode(snap)
 
@@ -243,7 +246,7 @@ class Engine:
         self._settle()
         try:
             lease = self.memory.install(stream_id, snap.model_id, snap.tensors, snap.world)
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, NotImplementedError) as exc:
             raise SnapshotError("unfit", f"snapshot does not fit model {snap.model_id}: {exc}") from exc
         finally:
             self._observe_memory()

@@ -260,14 +260,15 @@ class SessionManager:
 
     # -- snapshots ------------------------------------------------------------------------------
 
-    async def snapshot(self, session: Session) -> bytes:
-        """A save game of `session`: its whole state as snapshot bytes (runtime/snapshot.py),
-        taken once its outstanding chunks have resolved (they commit; realtime generation waits
-        meanwhile). The resume token is not in it. The session goes on."""
+    async def snapshot(self, session: Session) -> tuple[bytes, int]:
+        """A save game of `session`: its whole state as snapshot bytes (runtime/snapshot.py) and
+        the last chunk in it, taken once its outstanding chunks have resolved (they commit;
+        realtime generation waits meanwhile). The resume token is not in it. The session goes on."""
         await session.hold()
         try:
             session._check_live()
-            return await self._snapshot_held(session)
+            chunk = session.last_chunk
+            return await self._snapshot_held(session), chunk
         finally:
             session.unhold()
 
@@ -329,9 +330,8 @@ class SessionManager:
         not saved) session ids; those not saved in time, or whose snapshot failed, are logged."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        todo = [
-            s for s in self._sessions.values() if s.status in (SessionStatus.ACTIVE, SessionStatus.DETACHED)
-        ]
+        live = (SessionStatus.ACTIVE, SessionStatus.DETACHED)
+        todo = [s for s in self._sessions.values() if s.status in live and s.keep]
         todo.sort(key=lambda s: (s.status is SessionStatus.ACTIVE, s.detached_at or 0.0))
         holds = [asyncio.ensure_future(s.hold(cancel=True)) for s in todo]
         saved: list[str] = []
@@ -402,6 +402,7 @@ class SessionManager:
         if len(actions) > chunks:
             raise InvalidInput(f"{len(actions)} action lists for {chunks} chunks", field="actions")
         session = await self.open(replace(params, mode="lockstep"))
+        session.keep = False  # nobody can resume a one-shot: nothing to save on stop
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         window = asyncio.Semaphore(ONESHOT_IN_FLIGHT)
         total = {"chunks": 0, "frames": 0}

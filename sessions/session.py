@@ -166,6 +166,7 @@ class Session:
         self._events: list[tuple[float, str]] = []  # lifecycle events, drained by take_events()
         self.totals = _Totals()
         self.on_finished: Callable[[Session], None] | None = None  # set by the manager
+        self.keep = True  # saved on stop (`SessionManager.persist`); a one-shot is not
 
     # -- lifecycle ------------------------------------------------------------------------------
 

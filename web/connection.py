@@ -548,7 +548,7 @@ class Connection:
             raise ProtocolError(ErrorCode.RATE_LIMITED, "a snapshot is already being taken", seq=msg.seq)
         self._saving = True
         try:
-            data = await self.manager.snapshot(session)
+            data, chunk = await self.manager.snapshot(session)
         finally:
             self._saving = False
         cap = self.hub.config.max_snapshot
@@ -558,7 +558,6 @@ class Connection:
                 f"the snapshot has {len(data)} bytes; this server restores at most {cap} (--max-snapshot)",
                 seq=msg.seq,
             )
-        chunk = session.last_chunk
         self.pipeline.put(m.Saved(seq=msg.seq, chunk=chunk, data=data))
 
     async def _restore(self, msg: m.Restore) -> None:

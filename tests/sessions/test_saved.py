@@ -4,6 +4,7 @@ games (`snapshot` bytes opened as a new session): each continues as if never int
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import numpy as np
 import pytest
@@ -106,7 +107,8 @@ def test_a_save_game_opens_as_a_new_session_that_continues_exactly(worlds):
             inbox = Inbox()
             s.activate(inbox)
             await _steps(s, inbox, STEPS[:2])
-            data = await m.snapshot(s)
+            data, chunk = await m.snapshot(s)
+            assert chunk == 2
             want = [e.frames for e in await _steps(s, inbox, STEPS[2:], first_seq=2)]
             copy = await m.restore(data)
             assert copy.id != s.id and copy.resume_token and copy.resume_token != s.resume_token
@@ -136,5 +138,20 @@ def test_a_step_during_a_snapshot_is_rate_limited(worlds):
             await taking
             s.step(2, [])
             await inbox.wait_for(FramesEvent, 2)
+
+    asyncio.run(main())
+
+
+def test_a_running_oneshot_is_not_saved(worlds, tmp_path):
+    async def main():
+        async with running(worlds) as m:
+            run = asyncio.ensure_future(m.generate(OpenParams(), [], 50, lambda ev: None))
+            while not len(m):
+                await asyncio.sleep(0.01)
+            saved, missed = await m.persist(StateStore(tmp_path), timeout_s=30)
+            assert saved == [] and missed == [] and not list(tmp_path.iterdir())
+            run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
 
     asyncio.run(main())
