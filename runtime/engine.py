@@ -625,6 +625,11 @@ class EngineThread:
         """`Engine.restore_stream` on the engine thread (`SnapshotError`, `CapacityError`)."""
         return self.call(self.engine.restore_stream, stream_id, data)
 
+    def used_bytes(self) -> int:
+        """Device bytes the budget charges live streams now (read from any thread: a sum over
+        a dict the engine thread changes, so a figure for /metrics, not for decisions)."""
+        return self.engine.memory.used_bytes
+
     def info(self, stream_id: str) -> asyncio.Future[StreamInfo]:
         """`Engine.info` on the engine thread."""
         return self.call(self.engine.info, stream_id)

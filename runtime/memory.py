@@ -130,8 +130,9 @@ class DeviceMemory:
 
     @property
     def used_bytes(self) -> int:
-        """Bytes charged to live sessions."""
-        return sum(lease.nbytes for lease in self._leases.values())
+        """Bytes charged to live sessions (over a copy of the leases: /metrics reads it from
+        another thread)."""
+        return sum(lease.nbytes for lease in list(self._leases.values()))
 
     @property
     def free_bytes(self) -> int:

@@ -67,9 +67,14 @@ class SessionManager:
         detach_ttl_s: float = 60.0,
         allow_debug_hooks: bool = False,
         realtime_headroom: float | None = None,
+        host_memory: int | None = None,
+        spill: StateStore | None = None,
     ) -> None:
         """`realtime_headroom`: share of the measured chunk rate realtime admission keeps free
-        (sessions/capacity.py); None: realtime opens are never refused for lack of chunk rate."""
+        (sessions/capacity.py); None: realtime opens are never refused for lack of chunk rate.
+        `host_memory`: bytes of host memory for offloaded sessions (None: no offload: a full
+        device budget closes the longest-detached session); `spill`: where sessions past it go
+        (None: the longest-offloaded one is closed instead). See "offload" below."""
         self.engine = engine
         self.default_model = default_model
         self.max_sessions = max_sessions
@@ -79,6 +84,11 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self._by_token: dict[str, Session] = {}
         self._sweeper: asyncio.Task | None = None
+        self.host_memory = host_memory
+        self.spill = spill
+        self._host: dict[str, bytes] = {}  # offloaded to host memory, the longest-offloaded first
+        self._disk: set[str] = set()  # offloaded to `spill`
+        self._moving: dict[str, asyncio.Future[None]] = {}  # sessions being offloaded now
 
     # -- lookup ---------------------------------------------------------------------------------
 
@@ -173,7 +183,7 @@ class SessionManager:
                 )
             except SessionBusy as exc:
                 # The eviction's remove reaches the engine before the next add (calls run in order).
-                if not isinstance(exc.__cause__, OutOfBudget) or not self._evict_detached():
+                if not isinstance(exc.__cause__, OutOfBudget) or not await self._device_room():
                     raise
 
     async def fork(self, src: Session) -> Session:
@@ -224,6 +234,7 @@ class SessionManager:
         session.finish(status)  # calls _forget
 
     def _forget(self, session: Session) -> None:
+        self._drop_offloaded(session.id)
         self._sessions.pop(session.id, None)
         self._by_token.pop(session.token_hash, None)
         self.engine.cancel_stream(session.id)
@@ -299,7 +310,7 @@ class SessionManager:
                 )
                 break
             except SessionBusy as exc:
-                if not isinstance(exc.__cause__, OutOfBudget) or not self._evict_detached():
+                if not isinstance(exc.__cause__, OutOfBudget) or not await self._device_room():
                     raise
             except SnapshotError as exc:
                 raise InvalidInput(f"data: snapshot refused ({exc.reason}): {exc}", field="data") from exc
@@ -344,13 +355,21 @@ class SessionManager:
                 if left <= 0:
                     break
                 try:
-                    data = await asyncio.wait_for(self._snapshot_held(s, s.token_hash), left)
+                    if s.id in self._disk and self.spill is not None and self.spill.root == store.root:
+                        saved.append(s.id)  # already there
+                        continue
+                    data = self._host.get(s.id) or self._read_disk(s.id)
+                    if data is None:
+                        data = await asyncio.wait_for(self._snapshot_held(s, s.token_hash), left)
                     await loop.run_in_executor(None, store.write, s.id, data)
                     saved.append(s.id)
-                except (SessionError, OSError, TimeoutError) as exc:
+                except (SessionError, StoreError, OSError, TimeoutError) as exc:
                     log.warning("= session %s not saved: %s", s.id, exc)
         except TimeoutError:
             pass
+        for sid in saved:  # saved: its offloaded copy is no longer this process's to delete
+            self._host.pop(sid, None)
+            self._disk.discard(sid)
         missed = [s.id for s in todo if s.id not in saved]
         if missed:
             log.warning(
@@ -383,6 +402,133 @@ class SessionManager:
         if restored:
             log.info("= restored %d sessions from %s", len(restored), store.root)
         return restored, refused
+
+    # -- offload ---------------------------------------------------------------------------------
+    #
+    # With `host_memory`, a device budget that cannot take a new or returning session does not
+    # close the longest-detached session: it moves it off the device instead (its snapshot bytes,
+    # runtime/snapshot.py, to host memory; its device row freed), the longest-detached first. Past
+    # `host_memory` the longest-offloaded go on to `spill` (disk), or are closed without one. A
+    # session comes back to the device when its client resumes (`ensure_resident`), making room
+    # the same way; `busy` only when no detached session is left to move. Offloaded sessions
+    # still count against `max_sessions` and their detach TTL.
+
+    def residence(self) -> dict[str, tuple[int, int]]:
+        """(sessions, bytes) on the device, in host memory and on disk (/metrics)."""
+        device = [s for s in self._sessions.values() if s.id not in self._host and s.id not in self._disk]
+        disk_bytes = 0
+        for sid in self._disk:
+            with contextlib.suppress(OSError, ValueError):
+                disk_bytes += self.spill.size(sid) if self.spill is not None else 0
+        return {
+            "device": (len(device), self.engine_bytes()),
+            "host": (len(self._host), sum(len(b) for b in self._host.values())),
+            "disk": (len(self._disk), disk_bytes),
+        }
+
+    def engine_bytes(self) -> int:
+        """Device bytes the engine charges live streams (its budget's `used`)."""
+        return self.engine.used_bytes()
+
+    def offloaded(self, session: Session) -> str | None:
+        """ "host" or "disk" while `session` is off the device, else None."""
+        if session.id in self._host:
+            return "host"
+        return "disk" if session.id in self._disk else None
+
+    async def _device_room(self, keep: Session | None = None) -> bool:
+        """Make room on the device for one more session: offload the longest-detached resident
+        session (with `host_memory`), else close it (`_evict_detached`). False: none left."""
+        if self.host_memory is None:
+            return self._evict_detached()
+        movable = [
+            s
+            for s in self._sessions.values()
+            if s.status is SessionStatus.DETACHED
+            and s is not keep
+            and s.id not in self._host
+            and s.id not in self._disk
+            and s.id not in self._moving
+        ]
+        if not movable:
+            return False
+        return await self._offload(min(movable, key=lambda s: s.detached_at or 0.0))
+
+    async def _offload(self, session: Session) -> bool:
+        """Move a detached session's world off the device (see above); False when it was
+        attached again or ended meanwhile (it then stays as it is)."""
+        moving = asyncio.get_running_loop().create_future()
+        self._moving[session.id] = moving
+        try:
+            await session.hold()
+            try:
+                if session.status is not SessionStatus.DETACHED:
+                    return False
+                data = await self._snapshot_held(session, session.token_hash)
+                await self._engine_call(lambda: self.engine.remove_stream(session.id))
+            finally:
+                session.unhold()
+            self._host[session.id] = data
+            log.info("= session %s offloaded to host memory (%d bytes)", session.id, len(data))
+            await self._trim_host()
+            return True
+        finally:
+            self._moving.pop(session.id, None)
+            moving.set_result(None)
+
+    async def _trim_host(self) -> None:
+        """Past `host_memory`: the longest-offloaded sessions go to `spill`, or end."""
+        assert self.host_memory is not None
+        while self._host and sum(len(b) for b in self._host.values()) > self.host_memory:
+            sid = next(iter(self._host))
+            if self.spill is None:
+                log.info("= session %s closed: host memory for offloaded sessions is full", sid)
+                self._sessions[sid].finish(SessionStatus.EXPIRED)
+                continue
+            data = self._host.pop(sid)
+            await asyncio.get_running_loop().run_in_executor(None, self.spill.write, sid, data)
+            self._disk.add(sid)
+            log.info("= session %s offloaded to disk", sid)
+
+    def _read_disk(self, session_id: str) -> bytes | None:
+        if session_id not in self._disk or self.spill is None:
+            return None
+        return self.spill.read(session_id)
+
+    async def ensure_resident(self, session: Session) -> None:
+        """Bring an offloaded session's world back to the device (a resume), making room as an
+        `open` does; `SessionBusy` when there is none (the session stays offloaded)."""
+        moving = self._moving.get(session.id)
+        if moving is not None:
+            await moving
+        where = self.offloaded(session)
+        if where is None:
+            return
+        loop = asyncio.get_running_loop()
+        data = self._host.get(session.id)
+        if data is None:
+            try:
+                data = await loop.run_in_executor(None, self._read_disk, session.id)
+            except StoreError as exc:
+                session.finish(SessionStatus.FAILED)
+                raise SessionNotFound(f"offloaded session lost: {exc}") from exc
+        assert data is not None
+        while True:
+            try:
+                await self._engine_call(lambda: self.engine.restore_stream(session.id, data))
+                break
+            except SessionBusy as exc:
+                if not isinstance(exc.__cause__, OutOfBudget) or not await self._device_room(keep=session):
+                    raise
+        self._drop_offloaded(session.id)
+        log.info("= session %s back on the device from %s", session.id, where)
+
+    def _drop_offloaded(self, session_id: str) -> None:
+        self._host.pop(session_id, None)
+        if session_id in self._disk:
+            self._disk.discard(session_id)
+            if self.spill is not None:
+                self.spill.remove(session_id)
 
     # -- one-shot -------------------------------------------------------------------------------
 

@@ -102,6 +102,10 @@ class StateStore:
             raise StoreError("damaged", f"{data_path.name}: size or sha256 does not match its manifest")
         return data
 
+    def size(self, session_id: str) -> int:
+        """Bytes of a saved session's snapshot file (OSError when absent)."""
+        return self._paths(session_id)[0].stat().st_size
+
     def remove(self, session_id: str) -> None:
         """Forget a saved session (no-op when absent)."""
         for path in self._paths(session_id):

@@ -7,6 +7,7 @@ one-shot from the command line goes through exactly the loop a client's session 
 import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -14,6 +15,7 @@ from models import registry
 from models.world import World
 from runtime.engine import Engine, EngineThread
 from sessions.manager import SessionManager
+from sessions.store import StateStore
 from web import startup
 
 __all__ = ["DTYPES", "Runtime", "load_worlds"]
@@ -52,6 +54,8 @@ class Runtime:
         detach_ttl_s: float = 60.0,
         debug_hooks: bool = False,
         threads: int | None = None,
+        host_memory: int | None = None,
+        spill_dir: Path | None = None,
     ) -> "Runtime":
         """Start the engine thread on the running loop; ``default_model`` None = the first world;
         ``overlap_decode`` None = pipelined decode when a world runs on CUDA (runtime/runner.py);
@@ -60,7 +64,9 @@ class Runtime:
         ``threads``: the engine thread's torch threads (`EngineThread`; None: the process's);
         ``realtime_headroom``: realtime admission (`SessionManager`; None: off);
         ``device_memory``: bytes for every world's sessions together, the budget the engine sizes
-        its pools from and admits by (runtime/memory.py; None: room for ``max_sessions``)."""
+        its pools from and admits by (runtime/memory.py; None: room for ``max_sessions``);
+        ``host_memory``: bytes of host memory for sessions offloaded from a full device budget,
+        past which they go to ``spill_dir`` (`SessionManager`; None: no offload)."""
         if not worlds:
             raise ValueError("no worlds to serve")
         default = default_model or next(iter(worlds))
@@ -83,6 +89,8 @@ class Runtime:
             detach_ttl_s=detach_ttl_s,
             allow_debug_hooks=debug_hooks,
             realtime_headroom=realtime_headroom,
+            host_memory=host_memory,
+            spill=None if spill_dir is None else StateStore(spill_dir),
         )
         return cls(engine_thread, manager)
 

@@ -192,6 +192,15 @@ def _state_args(serve: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     serve.add_argument(
+        "--host-memory",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="offload: when --device-memory is full, detached sessions move to host memory "
+        "(longest-detached first) and back on resume; past SIZE they go to --state-dir (or "
+        "close); default: off (a full device closes the longest-detached session)",
+    )
+    serve.add_argument(
         "--max-snapshot",
         type=parse_size,
         default=d.max_snapshot,
@@ -446,6 +455,7 @@ def _serve(args: argparse.Namespace) -> int:
         allow_origins=tuple(args.allow_origin),
         state_dir=args.state_dir,
         persist_timeout_s=args.persist_timeout,
+        host_memory=args.host_memory,
         max_snapshot=args.max_snapshot,
     )
     asyncio.run(_serve_until_signalled(Server(worlds, config)))

@@ -375,6 +375,10 @@ class Connection:
             session = self.manager.by_token(query["resume"][0])
         except SessionError as exc:
             raise ProtocolError(ErrorCode.NOT_FOUND, exc.message, fatal=True) from exc
+        try:
+            await self.manager.ensure_resident(session)  # an offloaded world comes back first
+        except SessionError as exc:
+            raise replace_fatal(convert.protocol_error(exc, None), True) from exc
         name = query.get("codec", [self.hub.codec_of(session) or "jpeg"])[0]
         if name not in CODECS:
             raise ProtocolError(

@@ -94,6 +94,8 @@ class Server:
             detach_ttl_s=cfg.detach_ttl_s,
             debug_hooks=cfg.debug_hooks,
             threads=cfg.engine_threads,
+            host_memory=cfg.host_memory,
+            spill_dir=cfg.state_dir,
         )
         manager = self.runtime.manager
         if cfg.state_dir is not None:
@@ -101,6 +103,9 @@ class Server:
         self._pool = ThreadPoolExecutor(cfg.encode_threads, thread_name_prefix="worldserve-encode")
         self._hub = Hub(manager, cfg, self._pool)
         metrics.SESSIONS.set_function(lambda: len(manager))
+        for where in ("device", "host", "disk"):
+            metrics.SESSIONS_WHERE.labels(where).set_function(lambda w=where: manager.residence()[w][0])
+            metrics.SESSION_BYTES.labels(where).set_function(lambda w=where: manager.residence()[w][1])
         self._ws = await serve(
             self._handle,
             cfg.host,
