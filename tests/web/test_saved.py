@@ -158,3 +158,38 @@ def test_only_a_restore_may_exceed_the_message_limit(worlds) -> None:
             assert isinstance(err, m.Error) and err.code == "too_large" and err.fatal
 
     run(main())
+
+
+def test_a_resume_brings_an_offloaded_session_back_and_busy_only_when_nothing_can_move(worlds) -> None:
+    from runtime.memory import budget_for, world_costs
+
+    one = budget_for({n: world_costs(w, 0) for n, w in worlds.items()}, 1)
+
+    async def main():
+        async with serving(worlds, device_memory=one, host_memory=1 << 30) as server:
+            a, ready_a = await _open(server, 1)
+            first = await _step(a, 0, [W])
+            a.transport.abort()  # detached
+            await asyncio.sleep(0.2)
+            b, _ = await _open(server, 2)  # the device holds one: a moves to host memory
+            assert server.manager.offloaded(server.manager.by_token(ready_a.resume_token)) == "host"
+            metrics = await asyncio.to_thread(_get, server.url + "/metrics")
+            assert 'worldserve_sessions_by_residence{where="host"} 1.0' in metrics
+            busy = await dial(server, f"?resume={ready_a.resume_token}")
+            err = await recv(busy)  # b is attached: nothing can leave the device
+            assert isinstance(err, m.Error) and err.code == "busy" and err.fatal
+            await send(b, m.Close())
+            await recv_until(b, m.Closed)
+            again = await dial(server, f"?resume={ready_a.resume_token}&codec=raw")
+            back = await recv(again)
+            assert isinstance(back, m.Ready) and back.chunk == first.chunk
+            assert (await _step(again, 1, [D])).chunk == 2
+
+    run(main())
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read().decode()
