@@ -98,6 +98,11 @@ class Server:
             spill_dir=cfg.state_dir,
         )
         manager = self.runtime.manager
+        if cfg.state_dir is not None or cfg.host_memory is not None:
+            # Snapshots name their weights by hash: hash them now, off the engine thread, rather
+            # than inside the first snapshot (seconds for a billion-parameter world).
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, lambda: [w.weights_hash() for w in self.worlds.values()])
         if cfg.state_dir is not None:
             await manager.restore_saved(StateStore(cfg.state_dir))
         self._pool = ThreadPoolExecutor(cfg.encode_threads, thread_name_prefix="worldserve-encode")

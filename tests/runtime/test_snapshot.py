@@ -3,14 +3,17 @@ another engine, it continues bit for bit; damaged bytes and other weights are re
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from models.registry import from_name
+from models.registry import from_name, load_world
 from models.world import Conditioning
 from runtime.engine import Engine
 from runtime.snapshot import SnapshotError, decode, read_manifest
+from tests.fixtures.golden.served import write_matrix_game_dir
 from tests.runtime.conftest import committed, keys, small_world
 
 BEFORE = [keys("w"), keys("d"), keys("a", "space")]
@@ -21,21 +24,21 @@ def _engine(world, **kw) -> Engine:
     return Engine({world.config.id: world}, **kw)
 
 
-def _saved_and_continued(world, seed: int = 5):
+def _saved_and_continued(world, seed: int = 5, before=BEFORE, after=AFTER, image=None, **kw):
     """(frames of an uninterrupted run after BEFORE, frames of a restored run, both engines)."""
     model = world.config.id
-    a = _engine(world)
-    a.add_stream("s", model, Conditioning(seed=seed))
-    for act in BEFORE:
+    a = _engine(world, **kw)
+    a.add_stream("s", model, Conditioning(seed=seed, image=image))
+    for act in before:
         committed(a, "s", act)
     data = a.snapshot_stream("s", {"note": "kept"}, {"image": np.arange(12, dtype=np.uint8).reshape(2, 2, 3)})
-    b = _engine(world)
+    b = _engine(world, **kw)
     info, session, arrays = b.restore_stream("r", data)
     assert (info.chunks, info.video_frames) == (a.info("s").chunks, a.info("s").video_frames)
     assert session == {"note": "kept"} and np.array_equal(arrays["image"], np.arange(12).reshape(2, 2, 3))
-    assert len(b.runner.streams["r"].action_log) == len(BEFORE)
-    want = [committed(a, "s", act).frames for act in AFTER]
-    got = [committed(b, "r", act).frames for act in AFTER]
+    assert len(b.runner.streams["r"].action_log) == len(before)
+    want = [committed(a, "s", act).frames for act in after]
+    got = [committed(b, "r", act).frames for act in after]
     return want, got, a, b, data
 
 
@@ -46,6 +49,30 @@ def test_a_restored_session_continues_bit_for_bit(carry):
         assert np.array_equal(x, y)
     a.close()
     b.close()
+
+
+def test_a_pipelined_engine_restores_into_its_ring_with_slack_bit_for_bit():
+    want, got, a, b, _ = _saved_and_continued(small_world(name="snap"), pipeline=True)
+    for x, y in zip(want, got, strict=True):
+        assert np.array_equal(x, y)
+    a.close()
+    b.close()
+
+
+def test_a_matrix_game_shaped_world_with_its_image_conditioning_continues_bit_for_bit(tmp_path):
+    world = load_world(write_matrix_game_dir(tmp_path))
+    image = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    want, got, a, b, data = _saved_and_continued(world, before=[None, None], after=[None, None], image=image)
+    assert any(k.startswith("world.extra.") for k in _tensor_names(data))  # image cond, action ring
+    for x, y in zip(want, got, strict=True):
+        assert np.array_equal(x, y)
+    a.close()
+    b.close()
+
+
+def _tensor_names(data: bytes) -> list[str]:
+    n = int.from_bytes(data[:8], "little")
+    return [k for k in json.loads(data[8 : 8 + n]) if k != "__metadata__"]
 
 
 def test_tiny_world_with_its_atlas_continues_bit_for_bit():

@@ -193,3 +193,22 @@ def _get(url: str) -> str:
 
     with urllib.request.urlopen(url, timeout=30) as r:
         return r.read().decode()
+
+
+def test_the_sdk_keeps_a_save_game_and_opens_it_again(worlds) -> None:
+    from web.sdk import connect, restore
+
+    async def main():
+        async with serving(worlds) as server:
+            async with connect(server.url, seed=6, mode="lockstep", codec="raw") as s:
+                await s.step({"keys": ["w"]})
+                data = await s.snapshot()
+                want = await s.step({"keys": ["d"]})
+            copy = await restore(server.url, data, codec="raw")
+            try:
+                assert copy.ready.chunk == 1
+                assert np.array_equal(await copy.step({"keys": ["d"]}), want)
+            finally:
+                await copy.close()
+
+    run(main())
