@@ -155,3 +155,19 @@ def test_a_running_oneshot_is_not_saved(worlds, tmp_path):
                 await run
 
     asyncio.run(main())
+
+
+def test_sessions_not_saved_in_time_are_listed_in_the_log(worlds, tmp_path, caplog):
+    async def main():
+        async with running(worlds) as m:
+            a, b = await m.open(OpenParams(mode="lockstep")), await m.open(OpenParams(mode="lockstep"))
+            a.activate(Inbox())
+            b.activate(Inbox())
+            with caplog.at_level("WARNING"):
+                saved, missed = await m.persist(StateStore(tmp_path), timeout_s=0)
+            assert saved == [] and sorted(missed) == sorted([a.id, b.id])
+            line = next(r.message for r in caplog.records if "not saved within" in r.message)
+            assert a.id in line and b.id in line
+            assert not StateStore(tmp_path).entries()
+
+    asyncio.run(main())
