@@ -219,10 +219,10 @@ class Engine:
         self._side_outcomes += [self._cancelled(r, numbers[r.request_id]) for r in dropped]
         self._release(stream_id)
 
-    def snapshot_stream(self, stream_id: str, session: dict, arrays: dict[str, np.ndarray]) -> bytes:
-        """The stream's committed world as snapshot bytes (runtime/snapshot.py), with the
-        sessions layer's `session` JSON and `arrays`; the stream runs on. Chunks still in flight
-        are finished first (`_settle`): the snapshot holds what committed."""
+    def capture_stream(self, stream_id: str, session: dict, arrays: dict[str, np.ndarray]) -> Snapshot:
+        """The stream's committed world as a `Snapshot` on the host (runtime/snapshot.py), with
+        the sessions layer's `session` JSON and `arrays`; the stream runs on. Chunks still in
+        flight are finished first (`_settle`): the snapshot holds what committed."""
         stream = self._stream(stream_id)
         self._settle()
         if stream.lost is not None:
@@ -231,17 +231,22 @@ class Engine:
             model_id, weights, tensors, meta = self.memory.capture(stream_id)
         except NotImplementedError as exc:  # a plug-in that cannot write its state
             raise InvalidRequest("type", str(exc)) from exc
-        snap = Snapshot(model_id, weights, meta, tensors, list(stream.action_log), session, arrays)
-        return encode(snap)
+        return Snapshot(model_id, weights, meta, tensors, list(stream.action_log), session, arrays)
 
-    def restore_stream(self, stream_id: str, data: bytes) -> tuple[StreamInfo, dict, dict[str, np.ndarray]]:
-        """A new stream holding the world of snapshot bytes; returns its info and the sessions
-        layer's JSON and arrays. `SnapshotError` (nothing changes) for damaged bytes, another
-        format, a model not loaded, other weights or tensors that do not fit; `CapacityError`
-        when its bytes do not fit the budget."""
+    def snapshot_stream(self, stream_id: str, session: dict, arrays: dict[str, np.ndarray]) -> bytes:
+        """`capture_stream` as snapshot bytes (`runtime.snapshot.encode`)."""
+        return encode(self.capture_stream(stream_id, session, arrays))
+
+    def restore_stream(
+        self, stream_id: str, data: bytes | Snapshot
+    ) -> tuple[StreamInfo, dict, dict[str, np.ndarray]]:
+        """A new stream holding the world of snapshot bytes (or of a decoded `Snapshot`); returns
+        its info and the sessions layer's JSON and arrays. `SnapshotError` (nothing changes) for
+        damaged bytes, another format, a model not loaded, other weights or tensors that do not
+        fit; `CapacityError` when its bytes do not fit the budget."""
         if stream_id in self.runner.streams:
             raise ValueError(f"stream {stream_id} exists")
-        snap = decode(data)
+        snap = decode(data) if isinstance(data, bytes) else data
         check_world(snap, self.worlds)
         self._settle()
         try:
@@ -616,14 +621,26 @@ class EngineThread:
     def snapshot_stream(
         self, stream_id: str, session: dict, arrays: dict[str, np.ndarray]
     ) -> asyncio.Future[bytes]:
-        """`Engine.snapshot_stream` on the engine thread."""
-        return self.call(self.engine.snapshot_stream, stream_id, session, arrays)
+        """`Engine.capture_stream` on the engine thread, then its encoding (a checksum over every
+        byte) in the loop's default executor, not on the engine thread."""
+        captured = self.call(self.engine.capture_stream, stream_id, session, arrays)
+
+        async def encoded() -> bytes:
+            return await self.loop.run_in_executor(None, encode, await captured)
+
+        return asyncio.ensure_future(encoded())
 
     def restore_stream(
         self, stream_id: str, data: bytes
     ) -> asyncio.Future[tuple[StreamInfo, dict, dict[str, np.ndarray]]]:
-        """`Engine.restore_stream` on the engine thread (`SnapshotError`, `CapacityError`)."""
-        return self.call(self.engine.restore_stream, stream_id, data)
+        """The bytes decoded and checked in the loop's default executor, then
+        `Engine.restore_stream` on the engine thread (`SnapshotError`, `CapacityError`)."""
+
+        async def restored() -> tuple[StreamInfo, dict, dict[str, np.ndarray]]:
+            snap = await self.loop.run_in_executor(None, decode, data)
+            return await self.call(self.engine.restore_stream, stream_id, snap)
+
+        return asyncio.ensure_future(restored())
 
     def used_bytes(self) -> int:
         """Device bytes the budget charges live streams now (read from any thread: a sum over
