@@ -314,6 +314,11 @@ class SessionManager:
                     raise
             except SnapshotError as exc:
                 raise InvalidInput(f"data: snapshot refused ({exc.reason}): {exc}", field="data") from exc
+        problem = _record_problem(rec, self.engine.specs())
+        if problem is not None:
+            with contextlib.suppress(EngineDeadError, CapacityError):
+                self.engine.remove_stream(session_id).add_done_callback(_ignore_result)
+            raise InvalidInput(f"data: snapshot refused (damaged): {problem}", field="data")
         model_id = str(rec["model"])
         cond = Conditioning(seed=int(rec["seed"]), image=arrays.get("image"), prompt=rec.get("prompt"))
         session = Session(
@@ -632,3 +637,23 @@ def _saved_token(data: bytes) -> str:
     if not isinstance(token, str) or len(token) != 64:
         raise InvalidInput("data: saved session with a malformed token hash", field="data")
     return token
+
+
+def _record_problem(rec: dict, specs: dict) -> str | None:
+    """What is wrong with a snapshot's session record (None: nothing): a save game comes from a
+    client, so its numbers are checked before a session is built on them."""
+    try:
+        if rec.get("model") not in specs:
+            return f"session record of model {rec.get('model')!r}"
+        if rec.get("mode") not in ("realtime", "lockstep"):
+            return f"session mode {rec.get('mode')!r}"
+        if not 1 <= int(rec["max_ahead"]) <= 64:
+            return f"max_ahead {rec['max_ahead']}"
+        numbers = ("seed", "chunk_base", "frame_base", "last_chunk", "acked", "frames_out")
+        if any(int(rec[k]) < 0 for k in numbers):
+            return "negative counters"
+        if not isinstance(rec.get("retained", []), list):
+            return "retained chunks are not a list"
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"incomplete session record: {type(exc).__name__}: {exc}"
+    return None

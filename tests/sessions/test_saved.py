@@ -171,3 +171,18 @@ def test_sessions_not_saved_in_time_are_listed_in_the_log(worlds, tmp_path, capl
             assert not StateStore(tmp_path).entries()
 
     asyncio.run(main())
+
+
+def test_a_save_game_with_a_forged_session_record_is_refused_and_leaves_nothing(worlds):
+    async def main():
+        async with running(worlds) as m:
+            s = await m.open(OpenParams(mode="lockstep"))
+            s.activate(Inbox())
+            rec, arrays = s.record()
+            data = await m.engine.snapshot_stream(s.id, {**rec, "mode": "sideways"}, arrays)
+            with pytest.raises(InvalidInput, match="mode"):
+                await m.restore(data)
+            await asyncio.sleep(0.1)  # the refused stream's removal runs on the engine thread
+            assert len(m) == 1 and m.engine_bytes() == (await m.engine.info(s.id)).session_bytes
+
+    asyncio.run(main())

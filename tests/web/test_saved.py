@@ -156,6 +156,14 @@ def test_only_a_restore_may_exceed_the_message_limit(worlds) -> None:
             await send(ws, m.Open(seed=1, image=np.zeros((64, 64, 3), np.uint8)))  # 12 KiB
             err = await recv(ws)
             assert isinstance(err, m.Error) and err.code == "too_large" and err.fatal
+            live, _ = await _open(server, 2)
+            await _step(live, 0, [W])
+            await send(live, m.Snapshot(seq=1))
+            saved = await recv(live)
+            assert isinstance(saved, m.Saved) and len(saved.data) > 4096
+            other = await dial(server)
+            await send(other, m.Restore(data=saved.data))
+            assert isinstance(await recv(other), m.Ready)  # a save game past the message limit
 
     run(main())
 
