@@ -12,6 +12,11 @@ session of the same bytes over PCIe (bytes / 25 GB/s, a PCIe 4 x16 link's practi
 
     python benchmarks/offload_resume.py [--model tiny-world] [--sessions 32] [--device-sessions 8]
                                         [--host-sessions 12] [--before 2] [--after 2] [--out FILE]
+
+`--model mg-tiny`: the Matrix-Game 2.0 universal architecture at the test suite's reduced size
+(tests/fixtures/golden/served.py: 24x16 frames, the tiny converted checkpoint, a random CLIP
+tower and Wan VAE), started from a random image: its row holds the image conditioning and the
+action ring besides the K/V.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.serving import report
 from models.actions import FrameAction
-from models.registry import from_name
+from models.registry import from_name, load_world
 from runtime.engine import Engine, EngineThread
 from sessions.events import FramesEvent
 from sessions.manager import OpenParams, SessionManager
@@ -69,6 +74,13 @@ class Inbox:
         return out
 
 
+START: np.ndarray | None = None  # the start image of image-conditioned worlds (mg-tiny)
+
+
+def params(seed: int) -> OpenParams:
+    return OpenParams(seed=seed, mode="lockstep", image=START)
+
+
 def manager_for(world, device_sessions: int, **kw) -> tuple[SessionManager, EngineThread]:
     engine = Engine({world.config.id: world}, max_batch=4, max_streams=device_sessions)
     et = EngineThread(engine, asyncio.get_running_loop())
@@ -80,7 +92,7 @@ async def reference(world, n: int, steps: int) -> list[list[np.ndarray]]:
     m, et = manager_for(world, 1)
     out = []
     for i in range(n):
-        s = await m.open(OpenParams(seed=100 + i, mode="lockstep"))
+        s = await m.open(params(100 + i))
         inbox = Inbox()
         s.activate(inbox)
         out.append(await inbox.steps(s, script(i, steps), 0))
@@ -93,7 +105,7 @@ async def reference(world, n: int, steps: int) -> list[list[np.ndarray]]:
 async def scenario(world, n: int, k: int, h: int, before: int, after: int, spill: Path) -> dict:
     want = await reference(world, n, before + after)
     probe, et = manager_for(world, 1)
-    s = await probe.open(OpenParams(seed=1, mode="lockstep"))
+    s = await probe.open(params(1))
     inbox = Inbox()
     s.activate(inbox)
     await inbox.steps(s, script(0, before), 0)
@@ -104,7 +116,7 @@ async def scenario(world, n: int, k: int, h: int, before: int, after: int, spill
     m, et = manager_for(world, k, host_memory=int(one * (h + 0.5)), spill=StateStore(spill))
     sessions = []
     for i in range(n):
-        s = await m.open(OpenParams(seed=100 + i, mode="lockstep"))
+        s = await m.open(params(100 + i))
         inbox = Inbox()
         s.activate(inbox)
         await inbox.steps(s, script(i, before), 0)
@@ -143,6 +155,18 @@ async def scenario(world, n: int, k: int, h: int, before: int, after: int, spill
     }
 
 
+def load(model: str, tmp: Path):
+    """The world to run: a registry name, or mg-tiny (see the module docstring)."""
+    global START
+    if model != "mg-tiny":
+        return from_name(model)
+    from tests.fixtures.golden.served import write_matrix_game_dir
+
+    START = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    (tmp / "mg").mkdir()
+    return load_world(write_matrix_game_dir(tmp / "mg"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-world")
@@ -154,8 +178,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "offload_resume.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    world = from_name(args.model)
     with tempfile.TemporaryDirectory() as tmp:
+        world = load(args.model, Path(tmp))
         run = scenario(
             world, args.sessions, args.device_sessions, args.host_sessions, args.before, args.after, Path(tmp)
         )
