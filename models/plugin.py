@@ -18,8 +18,13 @@ brings a `WorldPlugin`; the runtime calls its hooks and never names what they do
 A plug-in state is a value, opaque to the runtime: a plain object of tensors with `nbytes`.
 Hooks never write a state in place (they return new ones), so a fork shares its source's state,
 a reset or remove drops it, and a snapshot can copy it out as it is. A session that has committed
-nothing yet (or whose world keeps nothing) has the state None. The seam among the rest of the
-architecture: docs/ARCHITECTURE.md.
+nothing yet (or whose world keeps nothing) has the state None.
+
+Snapshots (runtime/snapshot.py) write a state as named tensors plus JSON and read it back:
+`state_to_tensors` / `state_from_tensors`. A plug-in whose sessions keep state implements both
+(the defaults refuse a state that is not None, naming the plug-in); the tensors come back on the
+plug-in's device, so a restored session runs exactly as the one saved. The seam among the rest of
+the architecture: docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -93,6 +98,16 @@ class WorldPlugin(ABC):
     def state_bytes(self) -> int:
         """The most device bytes one session's state holds (admission counts two: the committed
         state and a chunk's in flight)."""
+
+    def state_to_tensors(self, state: PluginState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """One session's state as named tensors and JSON (a snapshot; see the module docstring).
+        The default serves plug-ins whose sessions keep no state: anything else is refused."""
+        raise NotImplementedError(f"plug-in {self.name!r} cannot write its session state to a snapshot")
+
+    def state_from_tensors(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> PluginState:
+        """Inverse of `state_to_tensors`, on the plug-in's device and dtype (ValueError when the
+        tensors do not fit this plug-in)."""
+        raise NotImplementedError(f"plug-in {self.name!r} cannot read a session state from a snapshot")
 
     @abstractmethod
     def save(self, root: Path) -> dict[str, Any]:

@@ -44,6 +44,43 @@ class DecoderCache:
     frames: int  # latent frames decoded so far; 0 means the next one starts the stream
 
 
+def cache_to_tensors(cache: DecoderCache) -> tuple[dict[str, torch.Tensor], dict]:
+    """A decoder cache as tensors (entry i's tensor under "i") and JSON (the frame count and
+    each entry's kind: "tensor", null, or the string it holds), for a session snapshot. Every
+    decoder's `feats` entries are tensors, None or strings (Wan's "Rep"), so one format serves all."""
+    tensors: dict[str, torch.Tensor] = {}
+    kinds: list[str | None] = []
+    for i, entry in enumerate(cache.feats):
+        if isinstance(entry, torch.Tensor):
+            tensors[str(i)] = entry.detach().contiguous()
+            kinds.append("tensor")
+        elif entry is None or isinstance(entry, str):
+            kinds.append(None if entry is None else f"str:{entry}")
+        else:
+            raise TypeError(f"decoder cache entry {i} is a {type(entry).__name__}, not a tensor, None or str")
+    return tensors, {"frames": cache.frames, "entries": kinds}
+
+
+def cache_from_tensors(
+    tensors: dict[str, torch.Tensor], meta: dict, device: torch.device | str
+) -> DecoderCache:
+    """Inverse of `cache_to_tensors`, the tensors moved to `device` (ValueError when they do not
+    match the JSON)."""
+    feats: list = []
+    for i, kind in enumerate(meta["entries"]):
+        if kind == "tensor":
+            if str(i) not in tensors:
+                raise ValueError(f"decoder cache entry {i} is missing")
+            feats.append(tensors[str(i)].to(device))
+        elif kind is None:
+            feats.append(None)
+        elif isinstance(kind, str) and kind.startswith("str:"):
+            feats.append(kind[4:])
+        else:
+            raise ValueError(f"decoder cache entry {i} has an unknown kind {kind!r}")
+    return DecoderCache(feats=tuple(feats), frames=int(meta["frames"]))
+
+
 class StreamingDecoder(Protocol):
     """What a world needs from its autoencoder (Wan's VAE, or a lighter decoder of the same shape).
 

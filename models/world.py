@@ -22,6 +22,7 @@ committing is the runtime's job. No loop over sessions, no I/O.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Protocol
@@ -34,7 +35,7 @@ from models.causal_wan import CausalWan
 from models.kv_pool import ChunkIndex
 from models.plugin import PluginState, WorldPlugin
 from models.sampler import FlowSchedule, add_noise
-from models.vae import DecoderCache, StreamingDecoder, decode_batch
+from models.vae import DecoderCache, StreamingDecoder, cache_from_tensors, cache_to_tensors, decode_batch
 
 if TYPE_CHECKING:
     from models.matrix_game.image import ImageConditioner  # an image-started family's conditioner
@@ -212,6 +213,7 @@ class World:
         self.plugin: WorldPlugin | None = None  # the world's own behaviour (`models.plugin`)
         self.set_plugin(plugin)
         self._cache_bytes: int | None = None  # `decoder_cache_bytes`, measured on first use
+        self._weights_hash: str | None = None  # computed once, by the first snapshot or restore
 
     def set_plugin(self, plugin: WorldPlugin | None) -> None:
         """Give the world its plug-in, bound to it (checked, on its device and dtype); None: none."""
@@ -416,6 +418,133 @@ class World:
     def release_state(self, state: WorldState) -> None:
         """Give a state's pool row back (the state must not run again). Idempotent."""
         self._free_row(state.row, state.lease)
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def weights_hash(self) -> str:
+        """A hash of everything that decides this world's frames: its settings and the weights of
+        its DiT, decoder and plug-in (blake2b over names, dtypes, shapes and bytes). Computed on
+        first use and kept: weights never change while a world serves."""
+        if self._weights_hash is None:
+            h = hashlib.blake2b(digest_size=16)
+            h.update(json.dumps(self.config.to_dict(), sort_keys=True, default=str).encode())
+            parts = [("dit", self.transformer)]
+            for owner, obj in (("decoder", self.decoder), ("plugin", self.plugin)):
+                for name, value in sorted(vars(obj).items()) if obj is not None else ():
+                    if isinstance(value, torch.nn.Module):
+                        parts.append((f"{owner}.{name}", value))
+            for prefix, module in parts:
+                for name, t in sorted(module.state_dict().items()):
+                    t = t.detach().cpu().contiguous()
+                    h.update(f"{prefix}.{name}:{t.dtype}:{tuple(t.shape)}".encode())
+                    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            self._weights_hash = h.hexdigest()
+        return self._weights_hash
+
+    def _kept_frames(self, frames: int) -> list[int]:
+        """The committed latent frames a later chunk can read: the sinks and the last window."""
+        cfg = self.transformer.cfg
+        s, w = cfg.sink_frames, cfg.window_frames
+        return list(range(min(s, frames))) + list(range(max(s, frames - w), frames))
+
+    def _token_slots(self, frames: list[int]) -> torch.Tensor:
+        """Token slots (in a row) of these latent frames in the pool's ring, frame order."""
+        s, t = self.transformer.cfg.sink_frames, self.tokens_per_frame
+        ring = self.transformer.cfg.window_frames + self.slack_frames
+        slots = [f if f < s else s + (f - s) % ring for f in frames]
+        return torch.tensor([slot * t + i for slot in slots for i in range(t)], dtype=torch.long)
+
+    @torch.no_grad()
+    def export_state(self, state: WorldState) -> tuple[dict[str, torch.Tensor], dict]:
+        """A session's committed world as tensors (on the host) and JSON, for a snapshot: the
+        filled part of its pool row in frame order ("kv.*": the frames a later chunk can read,
+        so the ring's slack may differ where it is installed; "text.*": its text K/V; "extra.*":
+        per-row extras), its decoder cache ("decoder.*"), its plug-in state ("plugin.*") and
+        its counters. Reads only; the committed world must not be mid-chunk (the runtime settles
+        first)."""
+        if state.start_latents is not None:
+            raise ValueError("a world whose start image is not prefilled yet cannot be saved")
+        pool = self.transformer._pool()
+        view = pool.row_view(state.row)
+        frames = self._kept_frames(state.frames)
+        idx = self._token_slots(frames).to(view["k"].device)
+        n_text = int(pool.text_len[state.row])
+        tensors = {f"kv.{n}": view[n].index_select(1, idx) for n in ("k", "v", "ak", "av")}
+        tensors |= {f"text.{n}": view[n][:, :n_text] for n in ("tk", "tv")}
+        tensors |= {f"extra.{n}": view[n] for n in pool.extras}
+        dec, dec_meta = cache_to_tensors(state.decoder)
+        tensors |= {f"decoder.{k}": v for k, v in dec.items()}
+        plugin_meta = None
+        if state.plugin_state is not None:
+            if self.plugin is None:
+                raise ValueError("a plug-in state without a plug-in")
+            own, plugin_meta = self.plugin.state_to_tensors(state.plugin_state)
+            tensors |= {f"plugin.{k}": v for k, v in own.items()}
+        meta = {
+            "seed": state.seed,
+            "chunks": state.chunks,
+            "frames": state.frames,
+            "video_frames": state.video_frames,
+            "kept_frames": len(frames),
+            "text_tokens": n_text,
+            "decoder": dec_meta,
+            "plugin": plugin_meta,
+        }
+        return {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}, meta
+
+    @torch.no_grad()
+    def import_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> WorldState:
+        """Inverse of `export_state`: a new state in a free pool row holding the saved world
+        (ValueError, and no row taken, when the tensors do not fit this world)."""
+        frames = int(meta["frames"])
+        kept = self._kept_frames(frames)
+        if len(kept) != int(meta["kept_frames"]):
+            raise ValueError(f"the snapshot keeps {meta['kept_frames']} frames; this world reads {len(kept)}")
+        if meta.get("plugin") is not None and self.plugin is None:
+            raise ValueError("the snapshot has a plug-in state; this world has no plug-in")
+        plugin_state = None
+        if meta.get("plugin") is not None:
+            own = {k[len("plugin.") :]: v for k, v in tensors.items() if k.startswith("plugin.")}
+            plugin_state = self.plugin.state_from_tensors(own, meta["plugin"])  # type: ignore[union-attr]
+        dec = {k[len("decoder.") :]: v for k, v in tensors.items() if k.startswith("decoder.")}
+        decoder = cache_from_tensors(dec, meta["decoder"], self.device)
+        row, lease = self._lease_row()
+        try:
+            pool = self.transformer._pool()
+            view = pool.row_view(row)
+            idx = self._token_slots(kept).to(view["k"].device)
+            n_text = int(meta["text_tokens"])
+            writes = [(view[n], f"kv.{n}", idx) for n in ("k", "v", "ak", "av")]
+            for buf, key, where in writes:
+                src = tensors.get(key)
+                want = (buf.shape[0], len(where), *buf.shape[2:])
+                if src is None or tuple(src.shape) != want:
+                    raise ValueError(
+                        f"{key}: shape {None if src is None else tuple(src.shape)}, expected {want}"
+                    )
+                buf.index_copy_(1, where, src.to(buf.device, buf.dtype))
+            for n in ("tk", "tv", *pool.extras):
+                key = f"text.{n}" if n in ("tk", "tv") else f"extra.{n}"
+                src, buf = tensors.get(key), view[n]
+                dst = buf[:, :n_text] if n in ("tk", "tv") else buf
+                if src is None or src.shape != dst.shape:
+                    got = None if src is None else tuple(src.shape)
+                    raise ValueError(f"{key}: shape {got}, expected {tuple(dst.shape)}")
+                dst.copy_(src.to(buf.device, buf.dtype))
+            pool.text_len[row] = n_text
+        except Exception:
+            self._free_row(row, lease)
+            raise
+        return WorldState(
+            row,
+            lease,
+            decoder,
+            int(meta["seed"]),
+            chunks=int(meta["chunks"]),
+            frames=frames,
+            video_frames=int(meta["video_frames"]),
+            plugin_state=plugin_state,
+        )
 
     def bucket(self, n: int) -> int | None:
         """The compiled batch size that holds `n` entries (None when eager: no padding)."""

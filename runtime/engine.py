@@ -48,6 +48,7 @@ from runtime.requests import (
 )
 from runtime.runner import BoundaryHook, Runner, RunnerOutput, ring_slack
 from runtime.scheduler import ChunkShape, FairScheduler, Scheduler
+from runtime.snapshot import Snapshot, SnapshotError, check_world, decode, encode
 from runtime.throughput import BatchTimer, ThroughputMeter
 from runtime.transaction import Stream
 
@@ -249,6 +250,48 @@ class Engine:
         self._side_outcomes += [self._cancelled(r, numbers[r.request_id]) for r in dropped]
         self._release(stream_id)
 
+    def capture_stream(self, stream_id: str, session: dict, arrays: dict[str, np.ndarray]) -> Snapshot:
+        """The stream's committed world as a `Snapshot` on the host (runtime/snapshot.py), with
+        the sessions layer's `session` JSON and `arrays`; the stream runs on. Chunks still in
+        flight are finished first (`_settle`): the snapshot holds what committed."""
+        stream = self._stream(stream_id)
+        self._settle()
+        if stream.lost is not None:
+            raise InvalidRequest("stream", stream.lost)
+        try:
+            model_id, weights, tensors, meta = self.memory.capture(stream_id)
+        except NotImplementedError as exc:  # a plug-in that cannot write its state
+            raise InvalidRequest("type", str(exc)) from exc
+        return Snapshot(model_id, weights, meta, tensors, list(stream.action_log), session, arrays)
+
+    def snapshot_stream(self, stream_id: str, session: dict, arrays: dict[str, np.ndarray]) -> bytes:
+        """`capture_stream` as snapshot bytes (`runtime.snapshot.encode`)."""
+        return encode(self.capture_stream(stream_id, session, arrays))
+
+    def restore_stream(
+        self, stream_id: str, data: bytes | Snapshot
+    ) -> tuple[StreamInfo, dict, dict[str, np.ndarray]]:
+        """A new stream holding the world of snapshot bytes (or of a decoded `Snapshot`); returns
+        its info and the sessions layer's JSON and arrays. `SnapshotError` (nothing changes) for
+        damaged bytes, another format, a model not loaded, other weights or tensors that do not
+        fit; `CapacityError` when its bytes do not fit the budget."""
+        if stream_id in self.runner.streams:
+            raise ValueError(f"stream {stream_id} exists")
+        snap = decode(data) if isinstance(data, bytes) else data
+        check_world(snap, self.worlds)
+        self._settle()
+        try:
+            lease = self.memory.install(stream_id, snap.model_id, snap.tensors, snap.world)
+        except (ValueError, KeyError, NotImplementedError) as exc:
+            raise SnapshotError("unfit", f"snapshot does not fit model {snap.model_id}: {exc}") from exc
+        finally:
+            self._observe_memory()
+        assert lease.state is not None
+        stream = Stream(stream_id, snap.model_id, lease.state)
+        stream.action_log.extend(snap.action_log)
+        self.runner.streams[stream_id] = stream
+        return self.info(stream_id), snap.session, snap.arrays
+
     def close(self) -> None:
         """Free every stream's device state (the engine is done: nothing runs after this).
         Explicit, so a world an engine leaves behind has every row free for the next."""
@@ -274,6 +317,12 @@ class Engine:
         kv = self.worlds[s.model_id].kv_bytes_per_session()
         charged = self.memory.lease(stream_id).nbytes
         return StreamInfo(stream_id, s.model_id, st.chunks, st.frames, st.video_frames, kv, charged)
+
+    def action_log(self, stream_id: str) -> tuple[int, list[list[FrameAction]]]:
+        """The stream's committed chunk count and its action log (the per-frame actions of its
+        newest committed chunks, oldest first; `ACTION_LOG_CHUNKS` at most), a copy."""
+        s = self._stream(stream_id)
+        return s.state.chunks, list(self.runner.streams[stream_id].action_log)
 
     def world_of(self, stream_id: str) -> World:
         """The world a stream runs on."""
@@ -646,9 +695,42 @@ class EngineThread:
         """`Engine.remove_stream` on the engine thread (frees the stream's device state)."""
         return self.call(self.engine.remove_stream, stream_id)
 
+    def snapshot_stream(
+        self, stream_id: str, session: dict, arrays: dict[str, np.ndarray]
+    ) -> asyncio.Future[bytes]:
+        """`Engine.capture_stream` on the engine thread, then its encoding (a checksum over every
+        byte) in the loop's default executor, not on the engine thread."""
+        captured = self.call(self.engine.capture_stream, stream_id, session, arrays)
+
+        async def encoded() -> bytes:
+            return await self.loop.run_in_executor(None, encode, await captured)
+
+        return asyncio.ensure_future(encoded())
+
+    def restore_stream(
+        self, stream_id: str, data: bytes
+    ) -> asyncio.Future[tuple[StreamInfo, dict, dict[str, np.ndarray]]]:
+        """The bytes decoded and checked in the loop's default executor, then
+        `Engine.restore_stream` on the engine thread (`SnapshotError`, `CapacityError`)."""
+
+        async def restored() -> tuple[StreamInfo, dict, dict[str, np.ndarray]]:
+            snap = await self.loop.run_in_executor(None, decode, data)
+            return await self.call(self.engine.restore_stream, stream_id, snap)
+
+        return asyncio.ensure_future(restored())
+
+    def used_bytes(self) -> int:
+        """Device bytes the budget charges live streams now (read from any thread: a sum over
+        a dict the engine thread changes, so a figure for /metrics, not for decisions)."""
+        return self.engine.memory.used_bytes
+
     def info(self, stream_id: str) -> asyncio.Future[StreamInfo]:
         """`Engine.info` on the engine thread."""
         return self.call(self.engine.info, stream_id)
+
+    def action_log(self, stream_id: str) -> asyncio.Future[tuple[int, list[list[FrameAction]]]]:
+        """`Engine.action_log` on the engine thread."""
+        return self.call(self.engine.action_log, stream_id)
 
     def submit(self, request: ChunkRequest) -> asyncio.Future[Outcome]:
         """Queue a chunk; the future resolves with its outcome (or raises the submit error)."""

@@ -8,7 +8,9 @@ place that
 * sizes every loaded world's pool from one budget they all share,
 * admits a session by bytes (`OutOfBudget`, which the sessions answer `busy`),
 * names what each session holds (`Lease`) and gives it back explicitly when its stream is
-  removed (no garbage-collector timing).
+  removed (no garbage-collector timing),
+* captures a session's device state into a snapshot and installs one as a new session
+  (`capture`, `install`; the format: runtime/snapshot.py).
 
 Accounting, for worlds w with row bytes r_w and session bytes s_w (r_w plus plug-in state, plus
 with a rewind retention of R chunks R checkpoints: a plug-in state and a decoder cache each; the
@@ -41,6 +43,8 @@ from typing import TYPE_CHECKING
 from runtime.errors import CapacityError
 
 if TYPE_CHECKING:
+    import torch
+
     from models.world import World, WorldState
 
 
@@ -133,8 +137,9 @@ class DeviceMemory:
 
     @property
     def used_bytes(self) -> int:
-        """Bytes charged to live sessions."""
-        return sum(lease.nbytes for lease in self._leases.values())
+        """Bytes charged to live sessions (over a copy of the leases: /metrics reads it from
+        another thread)."""
+        return sum(lease.nbytes for lease in list(self._leases.values()))
 
     @property
     def free_bytes(self) -> int:
@@ -184,6 +189,30 @@ class DeviceMemory:
         (0 when it held none)."""
         lease = self._leases.pop(stream_id, None)
         return 0 if lease is None else lease.nbytes
+
+    # -- snapshots --------------------------------------------------------------------------------
+
+    def capture(self, stream_id: str) -> tuple[str, str, dict[str, torch.Tensor], dict]:
+        """A live session's device state as (model id, weights hash, host tensors, JSON)
+        (`World.export_state`); the session keeps running. The caller settles the world first."""
+        lease = self._leases[stream_id]
+        if lease.state is None:
+            raise ValueError(f"stream {stream_id} holds no state yet")
+        world = self.worlds[lease.model_id]
+        tensors, meta = world.export_state(lease.state)
+        return lease.model_id, world.weights_hash(), tensors, meta
+
+    def install(self, stream_id: str, model_id: str, tensors: dict[str, torch.Tensor], meta: dict) -> Lease:
+        """A new session of `model_id` holding a captured state: admitted by bytes as `admit`
+        (`OutOfBudget`), then the state goes into a free row (`World.import_state`; its
+        ValueError gives the charge back)."""
+        lease = self.admit(stream_id, model_id)
+        try:
+            lease.state = self.worlds[model_id].import_state(tensors, meta)
+        except Exception:
+            self.release(stream_id)
+            raise
+        return lease
 
     # -- pools ------------------------------------------------------------------------------------
 

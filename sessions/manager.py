@@ -26,13 +26,15 @@ from models.actions import FrameAction
 from models.registry import UnknownModelError
 from models.world import Conditioning, ConditioningError
 from runtime.engine import EngineThread, StreamInfo
-from runtime.errors import CapacityError, EngineDeadError, StreamNotFound
+from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
 from runtime.memory import OutOfBudget
 from runtime.requests import DebugHooks
+from runtime.snapshot import SnapshotError, read_manifest
 from sessions import capacity
 from sessions.errors import InvalidInput, SessionBusy, SessionError, SessionFailed, SessionNotFound
 from sessions.events import ClosedEvent, DoneEvent, ErrorEvent, FramesEvent, ReadyEvent, SessionEvent
-from sessions.session import Mode, Session, SessionStatus, Sink
+from sessions.session import Mode, Session, SessionStatus, Sink, token_hash
+from sessions.store import StateStore, StoreError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,9 +67,14 @@ class SessionManager:
         detach_ttl_s: float = 60.0,
         allow_debug_hooks: bool = False,
         realtime_headroom: float | None = None,
+        host_memory: int | None = None,
+        spill: StateStore | None = None,
     ) -> None:
         """`realtime_headroom`: share of the measured chunk rate realtime admission keeps free
-        (sessions/capacity.py); None: realtime opens are never refused for lack of chunk rate."""
+        (sessions/capacity.py); None: realtime opens are never refused for lack of chunk rate.
+        `host_memory`: bytes of host memory for offloaded sessions (None: no offload: a full
+        device budget closes the longest-detached session); `spill`: where sessions past it go
+        (None: the longest-offloaded one is closed instead). See "offload" below."""
         self.engine = engine
         self.default_model = default_model
         self.max_sessions = max_sessions
@@ -77,6 +84,11 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self._by_token: dict[str, Session] = {}
         self._sweeper: asyncio.Task | None = None
+        self.host_memory = host_memory
+        self.spill = spill
+        self._host: dict[str, bytes] = {}  # offloaded to host memory, the longest-offloaded first
+        self._disk: set[str] = set()  # offloaded to `spill`
+        self._moving: dict[str, asyncio.Future[None]] = {}  # sessions being offloaded now
 
     # -- lookup ---------------------------------------------------------------------------------
 
@@ -91,11 +103,14 @@ class SessionManager:
         return s
 
     def by_token(self, token: str) -> Session:
-        """A live session by resume token (compared in constant time per candidate)."""
-        for known, s in self._by_token.items():
-            if secrets.compare_digest(known, token):
-                return s
-        raise SessionNotFound("unknown or expired resume token")
+        """A live session by resume token. Sessions are kept by the token's sha256 (a restored
+        session's token exists only in its client), so a lookup reveals nothing about the tokens."""
+        s = self._by_token.get(token_hash(token))
+        if s is None:
+            raise SessionNotFound("unknown or expired resume token")
+        if not s.resume_token:
+            s.resume_token = token  # a restored session learns its token back from its client
+        return s
 
     def models(self) -> dict[str, object]:
         """Specs of the loaded models by id."""
@@ -159,7 +174,7 @@ class SessionManager:
             raise
         session.frame = info.frame
         session.frames_out = info.video_frames
-        self._by_token[session.resume_token] = session
+        self._by_token[session.token_hash] = session
         self._ensure_sweeper()
         return session
 
@@ -175,7 +190,7 @@ class SessionManager:
                 )
             except SessionBusy as exc:
                 # The eviction's remove reaches the engine before the next add (calls run in order).
-                if not isinstance(exc.__cause__, OutOfBudget) or not self._evict_detached():
+                if not isinstance(exc.__cause__, OutOfBudget) or not await self._device_room():
                     raise
 
     async def fork(self, src: Session) -> Session:
@@ -191,7 +206,7 @@ class SessionManager:
             self._sessions.pop(dst.id, None)
             raise
         dst.forked_from(src, info)
-        self._by_token[dst.resume_token] = dst
+        self._by_token[dst.token_hash] = dst
         return dst
 
     def _check_realtime_rate(self, model_id: str) -> None:
@@ -226,8 +241,9 @@ class SessionManager:
         session.finish(status)  # calls _forget
 
     def _forget(self, session: Session) -> None:
+        self._drop_offloaded(session.id)
         self._sessions.pop(session.id, None)
-        self._by_token.pop(session.resume_token, None)
+        self._by_token.pop(session.token_hash, None)
         self.engine.cancel_stream(session.id)
         with contextlib.suppress(EngineDeadError, CapacityError):
             fut = self.engine.remove_stream(session.id)
@@ -245,6 +261,8 @@ class SessionManager:
             raise InvalidInput(str(exc), field=exc.field) from exc
         except StreamNotFound as exc:
             raise SessionNotFound(str(exc)) from exc
+        except InvalidRequest as exc:
+            raise InvalidInput(f"{exc.field}: {exc}", field=exc.field) from exc
         except EngineDeadError as exc:
             raise SessionFailed(str(exc)) from exc
 
@@ -258,6 +276,272 @@ class SessionManager:
         )
         await self._prepare_prompt(session.spec.id, cond.prompt)
         await session.reset(seq, cond)
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    async def snapshot(self, session: Session) -> tuple[bytes, int]:
+        """A save game of `session`: its whole state as snapshot bytes (runtime/snapshot.py) and
+        the last chunk in it, taken once its outstanding chunks have resolved (they commit;
+        realtime generation waits meanwhile). The resume token is not in it. The session goes on."""
+        await session.hold()
+        try:
+            session._check_live()
+            chunk = session.last_chunk
+            return await self._snapshot_held(session), chunk
+        finally:
+            session.unhold()
+
+    async def _snapshot_held(self, session: Session, token: str = "") -> bytes:
+        rec, arrays = session.record()
+        if token:
+            rec["token_sha256"] = token
+        return await self._engine_call(lambda: self.engine.snapshot_stream(session.id, rec, arrays))
+
+    async def restore(self, data: bytes, mode: Mode | None = None, max_ahead: int | None = None) -> Session:
+        """A new session from a save game (`snapshot` bytes): new id and token, numbered on from
+        the saved chunk, detached until the caller activates it. `InvalidInput` (field "data")
+        names why a snapshot is refused (damaged, another model or weights); `SessionBusy` as
+        `open` when it does not fit."""
+        if len(self._sessions) >= self.max_sessions and not self._evict_detached():
+            raise SessionBusy(f"server is full ({self.max_sessions} sessions); retry later")
+        return await self._restore(uuid.uuid4().hex, data, mode, max_ahead, None)
+
+    async def _restore(
+        self, session_id: str, data: bytes, mode: Mode | None, max_ahead: int | None, token: str | None
+    ) -> Session:
+        """The stream from `data` under `session_id`, then its session. `token`: the saved token
+        hash to keep (a restart); None: a new token (a save game)."""
+        while True:
+            try:
+                info, rec, arrays = await self._engine_call(
+                    lambda: self.engine.restore_stream(session_id, data)
+                )
+                break
+            except SessionBusy as exc:
+                if not isinstance(exc.__cause__, OutOfBudget) or not await self._device_room():
+                    raise
+            except SnapshotError as exc:
+                raise InvalidInput(f"data: snapshot refused ({exc.reason}): {exc}", field="data") from exc
+        problem = _record_problem(rec, self.engine.specs())
+        if problem is not None:
+            with contextlib.suppress(EngineDeadError, CapacityError):
+                self.engine.remove_stream(session_id).add_done_callback(_ignore_result)
+            raise InvalidInput(f"data: snapshot refused (damaged): {problem}", field="data")
+        model_id = str(rec["model"])
+        cond = Conditioning(seed=int(rec["seed"]), image=arrays.get("image"), prompt=rec.get("prompt"))
+        session = Session(
+            self.engine,
+            session_id=session_id,
+            resume_token="" if token else secrets.token_urlsafe(32),
+            spec=self.engine.specs()[model_id],
+            mode=mode or rec["mode"],  # type: ignore[arg-type]
+            max_ahead=max_ahead or int(rec["max_ahead"]),
+            cond=cond,
+        )
+        if token:
+            session.token_hash = token
+        session.on_finished = self._forget
+        session.adopt(rec, arrays, info, keep_unacked=token is not None)
+        self._sessions[session.id] = session
+        self._by_token[session.token_hash] = session
+        self._ensure_sweeper()
+        return session
+
+    async def persist(self, store: StateStore, timeout_s: float) -> tuple[list[str], list[str]]:
+        """Save every live and detached session to `store` within `timeout_s` (the server is
+        stopping): chunks in flight are cancelled (a resuming client sends its unanswered steps
+        again), then each session's snapshot is written, the longest-idle first. Returns (saved,
+        not saved) session ids; those not saved in time, or whose snapshot failed, are logged."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        live = (SessionStatus.ACTIVE, SessionStatus.DETACHED)
+        todo = [s for s in self._sessions.values() if s.status in live and s.keep]
+        todo.sort(key=lambda s: (s.status is SessionStatus.ACTIVE, s.detached_at or 0.0))
+        holds = [asyncio.ensure_future(s.hold(cancel=True)) for s in todo]
+        saved: list[str] = []
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*holds, return_exceptions=True), max(0.0, deadline - loop.time())
+            )
+            for s in todo:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    if s.id in self._disk and self.spill is not None and self.spill.root == store.root:
+                        saved.append(s.id)  # already there
+                        continue
+                    data = self._host.get(s.id) or self._read_disk(s.id)
+                    if data is None:
+                        data = await asyncio.wait_for(self._snapshot_held(s, s.token_hash), left)
+                    await loop.run_in_executor(None, store.write, s.id, data)
+                    saved.append(s.id)
+                except (SessionError, StoreError, OSError, TimeoutError) as exc:
+                    log.warning("= session %s not saved: %s", s.id, exc)
+        except TimeoutError:
+            pass
+        for sid in saved:  # saved: its offloaded copy is no longer this process's to delete
+            self._host.pop(sid, None)
+            self._disk.discard(sid)
+        missed = [s.id for s in todo if s.id not in saved]
+        if missed:
+            log.warning(
+                "= %d sessions not saved within %.1f s: %s", len(missed), timeout_s, ", ".join(missed)
+            )
+        log.info("= saved %d sessions to %s", len(saved), store.root)
+        return saved, missed
+
+    async def restore_saved(self, store: StateStore) -> tuple[list[str], list[str]]:
+        """Bring back every session saved in `store` as a detached session with its old id and
+        resume token (its TTL starts now). An entry that cannot be restored (damaged bytes,
+        another model or weights, no room) is moved aside (`StateStore.refuse`) and logged by
+        name and reason; the others restore. A restored entry leaves the store (the next stop
+        saves it again). Returns (restored, refused) ids."""
+        restored: list[str] = []
+        refused: list[str] = []
+        loop = asyncio.get_running_loop()
+        for sid in store.entries():
+            try:
+                data = await loop.run_in_executor(None, store.read, sid)
+                rec_token = _saved_token(data)
+                await self._restore(sid, data, None, None, rec_token)
+            except (StoreError, SessionError) as exc:
+                why = getattr(exc, "message", None) or str(exc)
+                log.error("= saved session %s refused: %s (moved to %s)", sid, why, store.refuse(sid, why))
+                refused.append(sid)
+                continue
+            store.remove(sid)
+            restored.append(sid)
+        if restored:
+            log.info("= restored %d sessions from %s", len(restored), store.root)
+        return restored, refused
+
+    # -- offload ---------------------------------------------------------------------------------
+    #
+    # With `host_memory`, a device budget that cannot take a new or returning session does not
+    # close the longest-detached session: it moves it off the device instead (its snapshot bytes,
+    # runtime/snapshot.py, to host memory; its device row freed), the longest-detached first. Past
+    # `host_memory` the longest-offloaded go on to `spill` (disk), or are closed without one. A
+    # session comes back to the device when its client resumes (`ensure_resident`), making room
+    # the same way; `busy` only when no detached session is left to move. Offloaded sessions
+    # still count against `max_sessions` and their detach TTL.
+
+    def residence(self) -> dict[str, tuple[int, int]]:
+        """(sessions, bytes) on the device, in host memory and on disk (/metrics)."""
+        device = [s for s in self._sessions.values() if s.id not in self._host and s.id not in self._disk]
+        disk_bytes = 0
+        for sid in self._disk:
+            with contextlib.suppress(OSError, ValueError):
+                disk_bytes += self.spill.size(sid) if self.spill is not None else 0
+        return {
+            "device": (len(device), self.engine_bytes()),
+            "host": (len(self._host), sum(len(b) for b in self._host.values())),
+            "disk": (len(self._disk), disk_bytes),
+        }
+
+    def engine_bytes(self) -> int:
+        """Device bytes the engine charges live streams (its budget's `used`)."""
+        return self.engine.used_bytes()
+
+    def offloaded(self, session: Session) -> str | None:
+        """ "host" or "disk" while `session` is off the device, else None."""
+        if session.id in self._host:
+            return "host"
+        return "disk" if session.id in self._disk else None
+
+    async def _device_room(self, keep: Session | None = None) -> bool:
+        """Make room on the device for one more session: offload the longest-detached resident
+        session (with `host_memory`), else close it (`_evict_detached`). False: none left."""
+        if self.host_memory is None:
+            return self._evict_detached()
+        movable = [
+            s
+            for s in self._sessions.values()
+            if s.status is SessionStatus.DETACHED
+            and s is not keep
+            and s.id not in self._host
+            and s.id not in self._disk
+            and s.id not in self._moving
+        ]
+        if not movable:
+            return False
+        return await self._offload(min(movable, key=lambda s: s.detached_at or 0.0))
+
+    async def _offload(self, session: Session) -> bool:
+        """Move a detached session's world off the device (see above); False when it was
+        attached again or ended meanwhile (it then stays as it is)."""
+        moving = asyncio.get_running_loop().create_future()
+        self._moving[session.id] = moving
+        try:
+            await session.hold()
+            try:
+                if session.status is not SessionStatus.DETACHED:
+                    return False
+                data = await self._snapshot_held(session, session.token_hash)
+                await self._engine_call(lambda: self.engine.remove_stream(session.id))
+            finally:
+                session.unhold()
+            self._host[session.id] = data
+            log.info("= session %s offloaded to host memory (%d bytes)", session.id, len(data))
+            await self._trim_host()
+            return True
+        finally:
+            self._moving.pop(session.id, None)
+            moving.set_result(None)
+
+    async def _trim_host(self) -> None:
+        """Past `host_memory`: the longest-offloaded sessions go to `spill`, or end."""
+        assert self.host_memory is not None
+        while self._host and sum(len(b) for b in self._host.values()) > self.host_memory:
+            sid = next(iter(self._host))
+            if self.spill is None:
+                log.info("= session %s closed: host memory for offloaded sessions is full", sid)
+                self._sessions[sid].finish(SessionStatus.EXPIRED)
+                continue
+            data = self._host.pop(sid)
+            await asyncio.get_running_loop().run_in_executor(None, self.spill.write, sid, data)
+            self._disk.add(sid)
+            log.info("= session %s offloaded to disk", sid)
+
+    def _read_disk(self, session_id: str) -> bytes | None:
+        if session_id not in self._disk or self.spill is None:
+            return None
+        return self.spill.read(session_id)
+
+    async def ensure_resident(self, session: Session) -> None:
+        """Bring an offloaded session's world back to the device (a resume), making room as an
+        `open` does; `SessionBusy` when there is none (the session stays offloaded)."""
+        moving = self._moving.get(session.id)
+        if moving is not None:
+            await moving
+        where = self.offloaded(session)
+        if where is None:
+            return
+        loop = asyncio.get_running_loop()
+        data = self._host.get(session.id)
+        if data is None:
+            try:
+                data = await loop.run_in_executor(None, self._read_disk, session.id)
+            except StoreError as exc:
+                session.finish(SessionStatus.FAILED)
+                raise SessionNotFound(f"offloaded session lost: {exc}") from exc
+        assert data is not None
+        while True:
+            try:
+                await self._engine_call(lambda: self.engine.restore_stream(session.id, data))
+                break
+            except SessionBusy as exc:
+                if not isinstance(exc.__cause__, OutOfBudget) or not await self._device_room(keep=session):
+                    raise
+        self._drop_offloaded(session.id)
+        log.info("= session %s back on the device from %s", session.id, where)
+
+    def _drop_offloaded(self, session_id: str) -> None:
+        self._host.pop(session_id, None)
+        if session_id in self._disk:
+            self._disk.discard(session_id)
+            if self.spill is not None:
+                self.spill.remove(session_id)
 
     # -- one-shot -------------------------------------------------------------------------------
 
@@ -277,6 +561,7 @@ class SessionManager:
         if len(actions) > chunks:
             raise InvalidInput(f"{len(actions)} action lists for {chunks} chunks", field="actions")
         session = await self.open(replace(params, mode="lockstep"))
+        session.keep = False  # nobody can resume a one-shot: nothing to save on stop
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         window = asyncio.Semaphore(ONESHOT_IN_FLIGHT)
         total = {"chunks": 0, "frames": 0}
@@ -349,3 +634,34 @@ class SessionManager:
 def _ignore_result(fut: asyncio.Future) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.debug("remove_stream: %s", fut.exception())
+
+
+def _saved_token(data: bytes) -> str:
+    """The resume-token hash a saved session keeps (InvalidInput when the bytes have none)."""
+    try:
+        token = read_manifest(data)["session"]["token_sha256"]
+    except (SnapshotError, KeyError, TypeError) as exc:
+        raise InvalidInput(f"data: saved session without its token: {exc}", field="data") from exc
+    if not isinstance(token, str) or len(token) != 64:
+        raise InvalidInput("data: saved session with a malformed token hash", field="data")
+    return token
+
+
+def _record_problem(rec: dict, specs: dict) -> str | None:
+    """What is wrong with a snapshot's session record (None: nothing): a save game comes from a
+    client, so its numbers are checked before a session is built on them."""
+    try:
+        if rec.get("model") not in specs:
+            return f"session record of model {rec.get('model')!r}"
+        if rec.get("mode") not in ("realtime", "lockstep"):
+            return f"session mode {rec.get('mode')!r}"
+        if not 1 <= int(rec["max_ahead"]) <= 64:
+            return f"max_ahead {rec['max_ahead']}"
+        numbers = ("seed", "chunk_base", "frame_base", "last_chunk", "acked", "frames_out")
+        if any(int(rec[k]) < 0 for k in numbers):
+            return "negative counters"
+        if not isinstance(rec.get("retained", []), list):
+            return "retained chunks are not a list"
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"incomplete session record: {type(exc).__name__}: {exc}"
+    return None

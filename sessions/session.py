@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
 import logging
 import time
 from collections import deque
@@ -36,7 +37,6 @@ from runtime.engine import EngineThread, StreamInfo
 from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
 from runtime.errors import NotRetained as EngineNotRetained
 from runtime.requests import ChunkCancelled, ChunkCommitted, ChunkFailed, ChunkRequest, Outcome
-from sessions.actionlog import ActionLog
 from sessions.actions import ActionBuffer, ChunkSource
 from sessions.errors import InvalidInput, NotRetained, RateLimited, SessionFailed, SessionNotFound
 from sessions.events import (
@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["realtime", "lockstep"]
 Sink = Callable[[SessionEvent], None]
+
+
+def token_hash(token: str) -> str:
+    """What the server keeps of a resume token to find its session (on disk too): its sha256."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
 
 PIPELINE = 2  # realtime chunks queued in the engine at once, so the device never idles between chunks
 MAX_STEPS_QUEUED = 8  # lockstep steps outstanding before `rate_limited`
@@ -133,7 +139,8 @@ class Session:
     ) -> None:
         self._et = engine
         self.id = session_id
-        self.resume_token = resume_token
+        self.resume_token = resume_token  # "" for a restored session until its client resumes
+        self.token_hash = token_hash(resume_token) if resume_token else ""
         self.spec = spec
         self.mode: Mode = mode
         self.max_ahead = max_ahead
@@ -150,7 +157,8 @@ class Session:
         self._high = 0  # the highest chunk of the current world (a rewind's retention counts from it)
         self._frame_base = 0
         self._resetting = False  # a reset or rewind is between its cancel and its `ready`: nothing new starts
-        self.log = ActionLog()  # the current world's committed actions (`GET /v1/sessions/{id}/log`)
+        self._holds = 0  # snapshots in progress (`hold`): nothing new starts
+        self._quiet: list[asyncio.Future[None]] = []  # `hold`s waiting for the outstanding chunks
         self._pending: dict[int, _Pending] = {}
         self._cancels: list[_CancelWait] = []  # cancels waiting for their chunks to resolve
         # Unacked chunks kept for a resume. Realtime never has more than max_ahead unacked; in
@@ -161,6 +169,7 @@ class Session:
         self._events: list[tuple[float, str]] = []  # lifecycle events, drained by take_events()
         self.totals = _Totals()
         self.on_finished: Callable[[Session], None] | None = None  # set by the manager
+        self.keep = True  # saved on stop (`SessionManager.persist`); a one-shot is not
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -189,6 +198,14 @@ class Session:
     def world_base(self) -> int:
         """The session chunk number before the current world's chunk 1 (0 until a reset)."""
         return self._chunk_base
+
+    async def action_log(self) -> tuple[int, list[list[FrameAction]]]:
+        """The current world's action log, kept by the engine with the world itself (a rewind cuts
+        it, a reset restarts it, a fork copies it, a snapshot saves it): the session chunk number
+        of its first chunk and each logged chunk's per-frame actions, oldest first. Chunks
+        dropped from its front (the engine keeps a bounded number) are the ones before that."""
+        committed, chunks = await self._et.action_log(self.id)
+        return self._chunk_base + committed - len(chunks) + 1, chunks
 
     @property
     def outstanding(self) -> int:
@@ -237,6 +254,7 @@ class Session:
         for wait in self._cancels:
             self._answer(wait, self.last_chunk + 1)
         self._cancels.clear()
+        self._wake_holds()
         self._emit(ClosedEvent(FINISHED_REASON[status]))
         self._sink = None
         if self.on_finished is not None:
@@ -281,6 +299,8 @@ class Session:
             self._validate(a)
         if self._resetting:  # only another connection that resumed the session can get here
             raise RateLimited("a reset or rewind is in progress; send the step after its `ready`")
+        if self._holds:
+            raise RateLimited("a snapshot is being taken; send the step after `saved`")
         if sum(p.kind == "step" for p in self._pending.values()) >= MAX_STEPS_QUEUED:
             raise RateLimited(f"{MAX_STEPS_QUEUED} steps already outstanding")
         self._submit("step", seq=seq, actions=list(actions))
@@ -357,7 +377,6 @@ class Session:
         self.acked = self.last_chunk
         self._retained.clear()
         self.buffer.clear()
-        self.log.restart()
         self._emit(ReadyEvent(self.last_chunk, self.frame))
         self._pump()
 
@@ -405,7 +424,6 @@ class Session:
         self.frame = info.frame
         self._retained.clear()
         self.buffer.clear()
-        self.log.truncate(chunk)
         self._emit(ReadyEvent(chunk, self.frame))
         self._pump()
 
@@ -426,6 +444,7 @@ class Session:
             or self.status is not SessionStatus.ACTIVE
             or self.paused
             or self._resetting
+            or self._holds
         ):
             return
         while (
@@ -455,6 +474,8 @@ class Session:
 
     def _on_outcome(self, rid: int, fut: asyncio.Future[Outcome]) -> None:
         entry = self._pending.pop(rid)
+        if not self._pending:
+            self._wake_holds()
         try:
             outcome = fut.result()
         except EngineDeadError as exc:
@@ -514,7 +535,6 @@ class Session:
             self.frames_out = event.frame0 + event.frames.shape[0]
             self.frame = event.frames[-1]
             self.totals.add(event.timings)
-            self.log.append(event.chunk, outcome.actions)
             self._retained.append(event)
             self._emit(event)
         elif isinstance(outcome, ChunkFailed):
@@ -525,3 +545,83 @@ class Session:
                     entry.seq,
                 )
             )
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    async def hold(self, cancel: bool = False) -> None:
+        """Start no new chunk until `unhold` and wait until none is outstanding, so the engine's
+        committed world and this session's numbering agree (what a snapshot needs). `cancel`:
+        abort the outstanding chunks instead of letting them commit (a `cancelled` still answers
+        a waiting cancel or reset). Lockstep steps during a hold get `rate_limited`."""
+        self._check_live()
+        self._holds += 1
+        if cancel:
+            self._et.cancel_stream(self.id)
+        while self._pending and not self.status.is_finished:
+            fut = asyncio.get_running_loop().create_future()
+            self._quiet.append(fut)
+            await fut
+
+    def unhold(self) -> None:
+        """End a `hold`: realtime chunks start again."""
+        self._holds = max(0, self._holds - 1)
+        self._pump()
+
+    def _wake_holds(self) -> None:
+        quiet, self._quiet = self._quiet, []
+        for fut in quiet:
+            if not fut.done():
+                fut.set_result(None)
+
+    def record(self) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+        """What this session keeps beside its engine stream, for a snapshot (during a `hold`):
+        JSON (mode, numbering, conditioning, the retained chunks' numbers) and arrays (the start
+        image, the latest frame, the retained chunks' frames). The resume token is not in it."""
+        retained = list(self._retained)
+        rec: dict[str, object] = {
+            "model": self.spec.id,
+            "mode": self.mode,
+            "max_ahead": self.max_ahead,
+            "seed": self.cond.seed,
+            "prompt": self.cond.prompt,
+            "chunk_base": self._chunk_base,
+            "frame_base": self._frame_base,
+            "last_chunk": self.last_chunk,
+            "acked": self.acked,
+            "frames_out": self.frames_out,
+            "paused": self.paused,
+            "retained": [
+                {"chunk": e.chunk, "frame0": e.frame0, "action_seq": e.action_seq, "timings": e.timings}
+                for e in retained
+            ],
+        }
+        arrays = {f"retained.{i}": e.frames for i, e in enumerate(retained)}
+        if self.cond.image is not None:
+            arrays["image"] = self.cond.image
+        if self.frame is not None:
+            arrays["frame"] = self.frame
+        return rec, arrays
+
+    def adopt(self, rec: dict, arrays: dict[str, np.ndarray], info: StreamInfo, keep_unacked: bool) -> None:
+        """Take over a `record` for a session restored from a snapshot (`info`: its restored
+        stream): its numbering, latest frame and, with `keep_unacked`, the retained chunks it
+        still owes a resuming client (a save game opened as a new session owes none). It starts
+        detached (attach with its token)."""
+        self._chunk_base = int(rec["chunk_base"])
+        self._frame_base = int(rec["frame_base"])
+        self.last_chunk = self._high = self._chunk_base + info.chunks
+        self.frames_out = self._frame_base + info.video_frames
+        self.frame = arrays.get("frame")
+        self.paused = bool(rec.get("paused", False))
+        self.acked = self.last_chunk
+        if keep_unacked:
+            self.acked = min(int(rec["acked"]), self.last_chunk)
+            for i, r in enumerate(rec.get("retained", [])):
+                frames = arrays.get(f"retained.{i}")
+                if frames is not None and self.acked < int(r["chunk"]) <= self.last_chunk:
+                    self._retained.append(
+                        FramesEvent(
+                            int(r["chunk"]), int(r["frame0"]), frames, int(r["action_seq"]), r["timings"]
+                        )
+                    )
+        self.detach()

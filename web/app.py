@@ -7,6 +7,7 @@ one-shot from the command line goes through exactly the loop a client's session 
 import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -14,6 +15,7 @@ from models import registry
 from models.world import World
 from runtime.engine import Engine, EngineThread
 from sessions.manager import SessionManager
+from sessions.store import StateStore
 from web import startup
 
 __all__ = ["DTYPES", "Runtime", "load_worlds"]
@@ -54,6 +56,8 @@ class Runtime:
         threads: int | None = None,
         prompt_threads: int = 1,
         retention: int = 0,
+        host_memory: int | None = None,
+        spill_dir: Path | None = None,
     ) -> "Runtime":
         """Start the engine thread on the running loop; ``default_model`` None = the first world;
         ``overlap_decode`` None = pipelined decode when a world runs on CUDA (runtime/runner.py);
@@ -64,7 +68,9 @@ class Runtime:
         ``realtime_headroom``: realtime admission (`SessionManager`; None: off);
         ``retention``: chunks a session can rewind by (runtime/history.py);
         ``device_memory``: bytes for every world's sessions together, the budget the engine sizes
-        its pools from and admits by (runtime/memory.py; None: room for ``max_sessions``)."""
+        its pools from and admits by (runtime/memory.py; None: room for ``max_sessions``);
+        ``host_memory``: bytes of host memory for sessions offloaded from a full device budget,
+        past which they go to ``spill_dir`` (`SessionManager`; None: no offload)."""
         if not worlds:
             raise ValueError("no worlds to serve")
         default = default_model or next(iter(worlds))
@@ -90,6 +96,8 @@ class Runtime:
             detach_ttl_s=detach_ttl_s,
             allow_debug_hooks=debug_hooks,
             realtime_headroom=realtime_headroom,
+            host_memory=host_memory,
+            spill=None if spill_dir is None else StateStore(spill_dir),
         )
         return cls(engine_thread, manager)
 

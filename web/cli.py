@@ -142,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--debug-hooks", action="store_true", help="accept open.debug (tests only)")
     _limit_args(serve)
+    _state_args(serve)
     serve.set_defaults(run=_serve)
 
     generate = commands.add_parser("generate", help="one-shot: run a world in-process, write an MP4")
@@ -179,6 +180,44 @@ def _parser() -> argparse.ArgumentParser:
     paritycli.register(commands)  # web/paritycli.py
     datacli.register(commands)  # web/datacli.py
     return parser
+
+
+def _state_args(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s saved sessions and save games (web.hub.ServerConfig holds their defaults)."""
+    d = ServerConfig()
+    serve.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="on SIGTERM/SIGINT save every live and detached session here, and on start restore "
+        "the sessions saved here (their resume tokens stay valid); default: off",
+    )
+    serve.add_argument(
+        "--persist-timeout",
+        type=float,
+        default=d.persist_timeout_s,
+        metavar="S",
+        help="seconds saving the sessions may take on stop; those not saved by then are logged "
+        "(default: %(default)s)",
+    )
+    serve.add_argument(
+        "--host-memory",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="offload: when --device-memory is full, detached sessions move to host memory "
+        "(longest-detached first) and back on resume; past SIZE they go to --state-dir (or "
+        "close); default: off (a full device closes the longest-detached session)",
+    )
+    serve.add_argument(
+        "--max-snapshot",
+        type=parse_size,
+        default=d.max_snapshot,
+        metavar="SIZE",
+        help="bytes of a save game (`snapshot` answers too_large past it; a `restore` may be this "
+        "big) (default: 8MiB)",
+    )
 
 
 def _limit_args(serve: argparse.ArgumentParser) -> None:
@@ -455,6 +494,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise StartupError(f"--retention {args.retention}: must be at least 0 chunks")
     args.device = resolve_device(args.device)
     check_bind(args.host, args.port)
+    args.state_dir = _state_dir(args.state_dir)
     args.engine_threads = _engine_threads(args.threads)
     worlds = _load(args.model or [DEFAULT_MODEL], args)
     budget = _device_budget(worlds, args, args.max_sessions)
@@ -481,9 +521,27 @@ def _serve(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout,
         open_timeout_s=args.open_timeout,
         allow_origins=tuple(args.allow_origin),
+        state_dir=args.state_dir,
+        persist_timeout_s=args.persist_timeout,
+        host_memory=args.host_memory,
+        max_snapshot=args.max_snapshot,
     )
     asyncio.run(_serve_until_signalled(Server(worlds, config)))
     return 0
+
+
+def _state_dir(path: Path | None) -> Path | None:
+    """`--state-dir`, created and checked writable before any model loads (StartupError)."""
+    if path is None:
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".worldserve-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise StartupError(f"--state-dir {path}: {exc.strerror or exc}") from exc
+    return path
 
 
 async def _serve_until_signalled(server: Server) -> None:

@@ -97,7 +97,10 @@ class Connection:
             "ack": self._ack,
             "ping": self._ping,
             "close": self._close,
+            "snapshot": self._snapshot,
+            "restore": self._restore,
         }
+        self._saving = False  # a `snapshot` is being taken (one at a time per connection)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -274,8 +277,16 @@ class Connection:
         else:
             self._idle_check = self._loop.call_at(when, self._watch, timer)
 
+    def _message_limit(self) -> int:
+        """Bytes the next client message may have: `max_message`, or before anything is attached
+        the larger `max_snapshot` (a `restore` carries a save game; `_receive` holds any other
+        message to `max_message`)."""
+        cfg = self.hub.config
+        fresh = self.session is None and self.oneshot is None
+        return max(cfg.max_message, cfg.max_snapshot) if fresh else cfg.max_message
+
     async def _assemble(self) -> bytes | str | ProtocolError:
-        limit = self.hub.config.max_message
+        limit = self._message_limit()
         parts: list[Any] = []
         size = 0
         async for part in self.ws.recv_streaming():
@@ -300,7 +311,12 @@ class Connection:
             return
         cost = codec.ParseCost()
         try:
-            msg = codec.parse_client(data, max_size=self.hub.config.max_message, cost=cost)
+            msg = codec.parse_client(data, max_size=self._message_limit(), cost=cost)
+            limit = self.hub.config.max_message
+            if len(data) > limit and msg.type != "restore":
+                raise ProtocolError(
+                    ErrorCode.TOO_LARGE, f"message of {len(data)} bytes; at most {limit}", fatal=True
+                )
         except ProtocolError as exc:
             self.fail(exc)
             return
@@ -360,6 +376,10 @@ class Connection:
             session = self.manager.by_token(query["resume"][0])
         except SessionError as exc:
             raise ProtocolError(ErrorCode.NOT_FOUND, exc.message, fatal=True) from exc
+        try:
+            await self.manager.ensure_resident(session)  # an offloaded world comes back first
+        except SessionError as exc:
+            raise replace_fatal(convert.protocol_error(exc, None), True) from exc
         name = query.get("codec", [self.hub.codec_of(session) or "jpeg"])[0]
         if name not in CODECS:
             raise ProtocolError(
@@ -528,6 +548,56 @@ class Connection:
             return
         self.hub.release(session, self)
         await self.manager.close(session)  # its ClosedEvent: `closed`, then the socket closes
+
+    # -- snapshot and restore (v1 additions) ----------------------------------------------------
+
+    async def _snapshot(self, msg: m.Snapshot) -> None:
+        session = self._live(msg)
+        if self._saving:
+            raise ProtocolError(ErrorCode.RATE_LIMITED, "a snapshot is already being taken", seq=msg.seq)
+        self._saving = True
+        try:
+            data, chunk = await self.manager.snapshot(session)
+        finally:
+            self._saving = False
+        cap = self.hub.config.max_snapshot
+        if len(data) > cap:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE,
+                f"the snapshot has {len(data)} bytes; this server restores at most {cap} (--max-snapshot)",
+                seq=msg.seq,
+            )
+        self.pipeline.put(m.Saved(seq=msg.seq, chunk=chunk, data=data))
+
+    async def _restore(self, msg: m.Restore) -> None:
+        self._check_token(msg.token)
+        self._check_fresh()
+        try:
+            session = await self.manager.restore(msg.data, msg.mode, msg.max_ahead)
+        except SessionError as exc:
+            raise replace_fatal(convert.protocol_error(exc, None), True) from exc
+        try:
+            encoder, info = await self._encoder(msg.codec, session.spec)
+        except BaseException:
+            await self.manager.close(session)
+            raise
+        if self.closing or self.ws.state is not State.OPEN:
+            await self.manager.close(session)
+            return
+        self.created.append(session)
+        self._attach(session, encoder, info)
+
+    def suspend(self) -> None:
+        """The server is stopping and saved this connection's session: let go of it (it stays
+        alive, detached, until the server is gone) and close with 1001, no `closed`: the client
+        resumes with its token once the server is back."""
+        session, self.session = self.session, None
+        if session is None or self.closing:
+            return
+        self.closing = True
+        self.hub.release(session, self)
+        session.detach()
+        self.pipeline.put(CloseRequest(GOING_AWAY, "server restarting; resume with your token"))
 
 
 def replace_fatal(error: ProtocolError, fatal: bool) -> ProtocolError:

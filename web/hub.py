@@ -54,6 +54,12 @@ class ServerConfig:
     engine_threads: int | None = None  # torch threads of the engine thread; None: the process's
     prompt_threads: int = 1  # torch threads of the prompt worker (a text encoder's encodes)
     max_message: int = 1 << 20  # bytes per client message; bigger ones get `too_large`
+    max_snapshot: int = 8 << 20  # bytes of a save game: a `snapshot` past it gets `too_large`, and
+    # a `restore` (a connection's first message) may be this big
+    host_memory: int | None = None  # bytes of host memory for sessions offloaded from a full device
+    # budget (past it they go to state_dir, or close); None: no offload
+    state_dir: Path | None = None  # where sessions are saved on stop and restored on start; None: off
+    persist_timeout_s: float = 20.0  # on stop, how long saving the sessions may take (the rest: logged)
     outbox_chunks: int = 4  # `frames` messages queued per connection before frames drop
     send_buffer: int = 1 << 18  # kernel send buffer per socket, bytes: frames wait in our queue
     # (where they can be dropped), not in megabytes of autotuned kernel buffer (stale by seconds)

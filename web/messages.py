@@ -70,9 +70,12 @@ __all__ = [
     "Pong",
     "Ready",
     "Reset",
+    "Restore",
     "Resume",
     "Rewind",
+    "Saved",
     "ServerMessage",
+    "Snapshot",
     "Step",
     "json_schema",
 ]
@@ -525,14 +528,68 @@ class Rewind(_Message):
     chunk: Count
 
 
+# -- snapshot and restore (v1 additions) -------------------------------------------------------
+
+
+class Snapshot(_Message):
+    """Save the attached session's whole state as a save game: answered by ``saved`` (or an
+    ``error``: ``too_large`` past the server's snapshot size limit). Chunks outstanding when it
+    comes commit first (realtime generation waits meanwhile); steps sent before ``saved`` get
+    ``rate_limited``. The session goes on."""
+
+    type: Literal["snapshot"] = "snapshot"
+    seq: Seq
+
+
+class Saved(_Message):
+    """The save game asked for by ``snapshot`` ``seq``: opaque bytes (a safetensors file with a
+    JSON manifest: model, weights hash, checksum) holding the world as committed at ``chunk``.
+    It holds no resume token."""
+
+    type: Literal["saved"] = "saved"
+    seq: Seq
+    chunk: Count
+    data: bytes
+
+
+class Restore(_Message):
+    """First message of a new session, like ``open``, made from a save game (``saved.data``):
+    answered by ``ready`` with a new ``session_id`` and ``resume_token``, ``chunk`` the saved
+    chunk and ``frame`` the saved latest frame; chunk numbers go on from there. ``mode`` and
+    ``max_ahead`` default to the saved session's. A save game the server cannot take (damaged
+    bytes, a model not loaded, other weights) is a fatal ``invalid_field`` naming ``data`` and
+    the reason; no room is ``busy``, as for ``open``."""
+
+    type: Literal["restore"] = "restore"
+    data: bytes
+    mode: Mode | None = None
+    codec: Codec = "jpeg"
+    max_ahead: Annotated[int, Field(ge=1, le=MAX_AHEAD)] | None = None
+    token: Token | None = None  # server token when the server requires one
+
+
 # -- unions -----------------------------------------------------------------------------------
 
 ClientMessage = Annotated[
-    Open | Action | Step | Cancel | Pause | Resume | Reset | Fork | Ack | Ping | Close | Generate | Rewind,
+    Open
+    | Action
+    | Step
+    | Cancel
+    | Pause
+    | Resume
+    | Reset
+    | Fork
+    | Ack
+    | Ping
+    | Close
+    | Generate
+    | Rewind
+    | Snapshot
+    | Restore,
     Field(discriminator="type"),
 ]
 ServerMessage = Annotated[
-    Ready | Frames | Cancelled | Forked | Done | Pong | Error | Closed,
+    Ready | Frames | Cancelled | Forked | Done | Pong | Error | Closed | Saved,
     Field(discriminator="type"),
 ]
 Message = ClientMessage | ServerMessage

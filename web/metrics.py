@@ -12,6 +12,8 @@ __all__ = [
     "ERRORS",
     "MESSAGES_IN",
     "SESSIONS",
+    "SESSIONS_WHERE",
+    "SESSION_BYTES",
 ]
 
 ENCODE_BUCKETS_MS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
@@ -22,6 +24,20 @@ CONNECTIONS_TOTAL = Counter(
 )
 SESSIONS = Gauge(
     "worldserve_sessions", "Live sessions (attached or detached), read at scrape time.", registry=REGISTRY
+)
+SESSIONS_WHERE = Gauge(
+    "worldserve_sessions_by_residence",
+    "Live sessions by where their world is: device, host (offloaded), disk (offloaded past "
+    "--host-memory); read at scrape time.",
+    ["where"],
+    registry=REGISTRY,
+)
+SESSION_BYTES = Gauge(
+    "worldserve_session_bytes_by_residence",
+    "Bytes of the live sessions' worlds by where they are (device: charged to the budget; host, "
+    "disk: their snapshots); read at scrape time.",
+    ["where"],
+    registry=REGISTRY,
 )
 MESSAGES_IN = Counter(
     "worldserve_messages_in_total", "Client messages parsed, by type.", ["type"], registry=REGISTRY

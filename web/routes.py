@@ -15,6 +15,7 @@ import http
 import json
 import mimetypes
 import secrets
+from collections.abc import Awaitable
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -23,6 +24,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from runtime.errors import StreamNotFound
 from runtime.metrics import REGISTRY
 from sessions.errors import SessionNotFound
 from sessions.manager import SessionManager
@@ -56,8 +58,11 @@ class Routes:
         self.retention = retention  # the engine's rewind retention, reported in session logs
         self._schema = json.dumps(json_schema()).encode()  # constant: built once
 
-    def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
-        """A response for plain HTTP requests; None lets a websocket handshake proceed."""
+    def __call__(
+        self, connection: ServerConnection, request: Request
+    ) -> Response | Awaitable[Response] | None:
+        """A response for plain HTTP requests (awaitable where it needs the engine: websockets awaits
+        it); None lets a websocket handshake proceed."""
         path = request.path.partition("?")[0]
         if self.admission is not None and not self.admission.host_allowed(request):
             return _response(http.HTTPStatus.FORBIDDEN, b"host not allowed\n")  # every path
@@ -77,7 +82,7 @@ class Routes:
             return self._log(request, path.removeprefix(SESSIONS_PREFIX).removesuffix("/log"))
         return self._static(path)
 
-    def _log(self, request: Request, session_id: str) -> Response:
+    async def _log(self, request: Request, session_id: str) -> Response:
         """A live session's action log as JSON; 401 without the server's token (when it has
         one: ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``), 404 for an unknown session."""
         if self.token is not None:
@@ -89,7 +94,11 @@ class Routes:
             session = self.manager.get(session_id)
         except SessionNotFound:
             return _response(http.HTTPStatus.NOT_FOUND, b"no such session\n")
-        body = session_log(session, self.retention).model_dump_json().encode()
+        try:
+            log = await session_log(session, self.retention)
+        except StreamNotFound:  # closed meanwhile
+            return _response(http.HTTPStatus.NOT_FOUND, b"no such session\n")
+        body = log.model_dump_json().encode()
         return _response(http.HTTPStatus.OK, body, JSON)
 
     def _healthz(self) -> Response:

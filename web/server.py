@@ -21,6 +21,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from models.world import World
 from sessions.manager import SessionManager
+from sessions.store import StateStore
 from web import metrics
 from web.admission import Admission, is_loopback
 from web.app import Runtime
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 # websockets closes with 1009 by itself above this; between max_message and it we answer
 # `too_large` first, as the protocol asks.
 HARD_LIMIT_FACTOR = 4
+# A `restore` holds a save game of up to max_snapshot bytes plus its msgpack envelope.
+SNAPSHOT_SLACK = 1 << 16
 # On stop, how long sockets get to send what is queued (`closed` included) before they are cut: a
 # client that stopped reading must not hold the exit (a container stop would SIGKILL us).
 DRAIN_S = 2.0
@@ -93,11 +96,23 @@ class Server:
             debug_hooks=cfg.debug_hooks,
             threads=cfg.engine_threads,
             prompt_threads=cfg.prompt_threads,
+            host_memory=cfg.host_memory,
+            spill_dir=cfg.state_dir,
         )
         manager = self.runtime.manager
+        if cfg.state_dir is not None or cfg.host_memory is not None:
+            # Snapshots name their weights by hash: hash them now, off the engine thread, rather
+            # than inside the first snapshot (seconds for a billion-parameter world).
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, lambda: [w.weights_hash() for w in self.worlds.values()])
+        if cfg.state_dir is not None:
+            await manager.restore_saved(StateStore(cfg.state_dir))
         self._pool = ThreadPoolExecutor(cfg.encode_threads, thread_name_prefix="worldserve-encode")
         self._hub = Hub(manager, cfg, self._pool)
         metrics.SESSIONS.set_function(lambda: len(manager))
+        for where in ("device", "host", "disk"):
+            metrics.SESSIONS_WHERE.labels(where).set_function(lambda w=where: manager.residence()[w][0])
+            metrics.SESSION_BYTES.labels(where).set_function(lambda w=where: manager.residence()[w][1])
         self._ws = await serve(
             self._handle,
             cfg.host,
@@ -115,7 +130,7 @@ class Server:
                 token=cfg.token,
                 retention=cfg.retention,
             ),
-            max_size=cfg.max_message * HARD_LIMIT_FACTOR,
+            max_size=max(cfg.max_message * HARD_LIMIT_FACTOR, cfg.max_snapshot + SNAPSHOT_SLACK),
             ping_interval=cfg.ping_interval_s,
             ping_timeout=cfg.ping_timeout_s,
         )
@@ -125,12 +140,18 @@ class Server:
             log.warning(warning)
 
     async def stop(self) -> None:
-        """Stop accepting; every session and running one-shot gets `closed` (reason shutdown);
-        sockets get :data:`DRAIN_S` to send what is queued, then are cut; then the engine stops."""
+        """Stop accepting; with a state directory, save every live and detached session first
+        (`persist`); every session not saved and every running one-shot gets `closed` (reason
+        shutdown); sockets get :data:`DRAIN_S` to send what is queued, then are cut; then the
+        engine stops."""
         if self._ws is not None:
             self._ws.server.close()  # no new connections; open ones stay for the drain
+        saved = await self.persist()
         for conn in list(self._connections):
-            conn.shutdown()
+            if conn.session is not None and conn.session.id in saved:
+                conn.suspend()
+            else:
+                conn.shutdown()
         if self.runtime is not None:
             await self.runtime.manager.shutdown()
         if self._ws is not None:
@@ -142,6 +163,17 @@ class Server:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         log.info("= stopped")
+
+    async def persist(self) -> set[str]:
+        """Save every live and detached session to the state directory within the configured
+        time (none without one); returns the ids saved. Their clients are closed with 1001 and
+        no `closed`: they resume with their tokens once a server with the same state directory
+        is back."""
+        cfg = self.config
+        if cfg.state_dir is None or self.runtime is None or self.runtime.engine_thread.dead:
+            return set()
+        saved, _ = await self.runtime.manager.persist(StateStore(cfg.state_dir), cfg.persist_timeout_s)
+        return set(saved)
 
     async def __aenter__(self) -> "Server":
         await self.start()

@@ -8,7 +8,7 @@ image-started, ``seed`` for the world's own start image of that seed, ``image`` 
 ``open.image``, carried here as base64 of its raw RGB bytes), the mode, the rewind retention
 the server ran with (its ring layout: replaying with the same one keeps the frames
 bit-identical) and, per committed chunk, the per-frame actions its frames were generated with.
-Bound: the session's action log (sessions/actionlog.py, the newest 4096 chunks); ``dropped``
+Bound: the stream's action log (runtime/transaction.py, the newest 4096 chunks); ``dropped``
 counts chunks of this world that fell off its front, and such a log cannot be replayed.
 """
 
@@ -98,9 +98,9 @@ def _start_image(session: Session) -> StartImage:
     return StartImage(kind="seed" if session.spec.image_start else "none")
 
 
-def session_log(session: Session, retention: int) -> SessionLog:
+async def session_log(session: Session, retention: int) -> SessionLog:
     """The log of a live session's current world (`retention`: the server's)."""
-    log = session.log
+    first, chunks = await session.action_log()
     return SessionLog(
         session_id=session.id,
         model=session.spec.id,
@@ -110,6 +110,8 @@ def session_log(session: Session, retention: int) -> SessionLog:
         mode=session.mode,
         retention=retention,
         first_chunk=session.world_base + 1,
-        dropped=log.dropped,
-        chunks=tuple(LoggedChunk(chunk=c.chunk, actions=tuple(map(_action, c.actions))) for c in log.chunks),
+        dropped=first - session.world_base - 1,
+        chunks=tuple(
+            LoggedChunk(chunk=first + i, actions=tuple(map(_action, a))) for i, a in enumerate(chunks)
+        ),
     )

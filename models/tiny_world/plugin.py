@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -272,6 +272,31 @@ class TinyWorldPlugin(WorldPlugin):
                 atlas = carto.start(tails[i]) if old is None else carto.write(old, moved[i], tails[i])
             out[i] = TinyState(tails[i], atlas)
         return out
+
+    def state_to_tensors(self, state: TinyState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:  # type: ignore[override]
+        """The latest frame under "last" and the atlas's fields under "atlas.<field>"."""
+        tensors = {"last": state.last.contiguous()}
+        if state.atlas is not None:
+            tensors |= {f"atlas.{f.name}": getattr(state.atlas, f.name).contiguous() for f in fields(Atlas)}
+        return tensors, {"atlas": state.atlas is not None}
+
+    def state_from_tensors(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> TinyState:
+        """Inverse of `state_to_tensors` on this plug-in's device (the frame in its dtype, the
+        atlas's tensors as written); ValueError when the shapes do not fit the world."""
+        last = tensors.get("last")
+        c, h, w = self.latent_shape
+        if last is None or tuple(last.shape) != (c, 1, h, w):
+            got = None if last is None else tuple(last.shape)
+            raise ValueError(f"plug-in state: latest frame {got} is not ({c}, 1, {h}, {w})")
+        atlas = None
+        if meta.get("atlas"):
+            if not self.remembers:
+                raise ValueError("plug-in state has an atlas; this world keeps none")
+            missing = [f.name for f in fields(Atlas) if f"atlas.{f.name}" not in tensors]
+            if missing:
+                raise ValueError(f"plug-in state: atlas fields {missing} are missing")
+            atlas = Atlas(**{f.name: tensors[f"atlas.{f.name}"].to(self.device) for f in fields(Atlas)})
+        return TinyState(last.to(self.device, self.dtype), atlas)
 
     def save(self, root: Path) -> dict[str, Any]:
         """Write the gate and prior weights under `root`; returns the "plugin" block."""

@@ -267,6 +267,8 @@ CLIENT_MESSAGES: list[m.ClientMessage] = [
     m.Close(),
     m.Generate(chunks=2, actions=((m.FrameAction(),),), codec="h264"),
     m.Rewind(seq=10, chunk=3),
+    m.Snapshot(seq=10),
+    m.Restore(data=b"\x00save", mode="lockstep", codec="raw", max_ahead=3, token="t"),
 ]
 MODEL = m.ModelInfo(
     id="tiny",
@@ -295,6 +297,7 @@ SERVER_MESSAGES: list[m.ServerMessage] = [
     m.Pong(t=1.0, server_t=2.0),
     m.Error(code=ErrorCode.BUSY, message="full", fatal=True),
     m.Closed(reason="bye"),
+    m.Saved(seq=10, chunk=4, data=b"\x00save"),
 ]
 
 

@@ -48,8 +48,10 @@ def test_every_protocol_type_has_one_model() -> None:
         "close",
         "generate",
         "rewind",  # a v1 addition
+        "snapshot",  # v1 additions: save games
+        "restore",
     ]
-    server_types = ["ready", "frames", "cancelled", "forked", "done", "pong", "error", "closed"]
+    server_types = ["ready", "frames", "cancelled", "forked", "done", "pong", "error", "closed", "saved"]
     assert sorted(m.CLIENT_TYPES) == sorted(client_types)
     assert sorted(m.SERVER_TYPES) == sorted(server_types)
 

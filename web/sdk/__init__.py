@@ -18,7 +18,7 @@ server answers within ``connect_timeout`` (default 5 s) the call raises
 """
 
 from web.errors import ServerError, ServerUnreachable, SessionClosed, StepCancelled
-from web.sdk.aio import attach, connect, generate
+from web.sdk.aio import attach, connect, generate, restore
 from web.sdk.base import BaseWorld
 from web.sdk.session import Session
 from web.sdk.sync import Client
@@ -37,4 +37,5 @@ __all__ = [
     "attach",
     "connect",
     "generate",
+    "restore",
 ]

@@ -10,7 +10,7 @@ from web.sdk.session import Session
 from web.sdk.types import Generated
 from web.sdk.urls import CONNECT_TIMEOUT_S, session_url
 
-__all__ = ["attach", "connect", "generate"]
+__all__ = ["attach", "connect", "generate", "restore"]
 
 
 class connect:  # lowercase like websockets' `connect`: awaited or used as a context manager
@@ -71,6 +71,26 @@ class connect:  # lowercase like websockets' `connect`: awaited or used as a con
 def attach(url: str, token: str, *, codec: m.Codec = "jpeg") -> connect:
     """Attach to a live session by resume token (a fork, or a session another process opened)."""
     return connect(url, codec=codec, resume=token)
+
+
+async def restore(
+    url: str,
+    data: bytes,
+    *,
+    mode: m.Mode | None = None,
+    codec: m.Codec = "jpeg",
+    token: str | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT_S,
+) -> Session:
+    """A new session from a save game (`Session.snapshot`'s bytes), numbered on from it; close it
+    with ``await s.close()``. ``mode`` None: the saved session's."""
+    session = Session(url, ClientCore(codec), connect_timeout)
+    try:
+        await session.start(session_url(url), m.Restore(data=data, mode=mode, codec=codec, token=token))
+    except BaseException:
+        await session.disconnect()
+        raise
+    return session
 
 
 async def generate(

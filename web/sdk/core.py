@@ -162,6 +162,8 @@ class ClientCore:
             self._reply(("cancelled", msg.seq), msg)
         elif isinstance(msg, m.Forked):
             self._reply(("forked", msg.seq), msg)
+        elif isinstance(msg, m.Saved):
+            self._reply(("saved", msg.seq), msg)
         elif isinstance(msg, m.Pong):
             self._reply(("pong", msg.t), msg)
         elif isinstance(msg, m.Done):

@@ -194,6 +194,13 @@ class Session:
         forked: m.Forked = await self._call(m.Fork(seq=seq), ("forked", seq), seq)
         return forked.resume_token
 
+    async def snapshot(self) -> bytes:
+        """A save game of the session as committed now (`saved.data`): open it again, on this
+        server or another with the same model weights, with :func:`~web.sdk.aio.restore`."""
+        seq = self.core.next_seq()
+        saved: m.Saved = await self._call(m.Snapshot(seq=seq), ("saved", seq), seq)
+        return saved.data
+
     async def ping(self) -> float:
         """Round trip to the server, ms."""
         t = asyncio.get_running_loop().time() * 1000

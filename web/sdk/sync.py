@@ -201,6 +201,11 @@ class Client(BaseWorld):
         seq = self.core.next_seq()
         return self._call(m.Fork(seq=seq), ("forked", seq), seq).resume_token
 
+    def snapshot(self) -> bytes:
+        """A save game of the session as committed now (the async `Session.snapshot`)."""
+        seq = self.core.next_seq()
+        return self._call(m.Snapshot(seq=seq), ("saved", seq), seq).data
+
     def reconnect(self, codec: m.Codec | None = None) -> m.Ready:
         """Resume this session on a new socket (after a drop); chunks already received are skipped."""
         if self._ws is not None:
