@@ -19,16 +19,19 @@ Bounds and policies:
 * an error in a job is that job's (its session's open or reset fails), never the worker's.
 
 Threads: the worker runs with `threads` torch intra-op threads (default 1), set on its own thread
-(the setting is per thread). On a CPU the worker competes with the engine thread for cores, so one
-thread keeps the engine's chunks the larger share; on CUDA the work runs on the worker's own CUDA
-stream, which it waits for before handing the result over, so the engine's streams never wait on
-it and the engine reads finished tensors.
+(the setting is per thread), at a lower CPU priority (`nice`, default 5, Linux): on a CPU the
+worker competes with the engine thread for cores, and when they are short the engine's chunks
+win them and the open waits longer, instead of every session's chunks slowing down (measured in
+benchmarks/mg_cond_stall.py); with a core to spare the priority changes nothing. On CUDA the
+work runs on the worker's own CUDA stream, which it waits for before handing the result over,
+so the engine's streams never wait on it and the engine reads finished tensors.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ from models.world import Conditioning, PreparedConditioning, World
 from runtime.errors import CapacityError
 
 log = logging.getLogger(__name__)
+CONDITIONING_NICE = 5  # the worker thread's CPU priority below the engine's (benchmarks/mg_cond_stall.py)
 
 
 @dataclass(eq=False)
@@ -56,14 +60,24 @@ class ConditioningJob:
 class ConditioningWorker:
     """One thread that runs `World.prepare` jobs; the engine thread takes the finished ones."""
 
-    def __init__(self, max_jobs: int = 4, threads: int = 1, wake: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        max_jobs: int = 4,
+        threads: int = 1,
+        wake: Callable[[], None] | None = None,
+        nice: int = CONDITIONING_NICE,
+    ) -> None:
         """`max_jobs`: jobs queued or running at once; `threads`: the worker's torch intra-op
         threads; `wake`: called (on the worker) when a job is done, so an idle engine thread
-        looks at once. The thread starts with the first job."""
+        looks at once; `nice`: how much lower the worker thread's CPU priority is than the
+        process's (Linux; 0: the same). The thread starts with the first job."""
         if max_jobs < 1 or threads < 1:
             raise ValueError("max_jobs and threads must be at least 1")
+        if not 0 <= nice <= 19:
+            raise ValueError(f"nice must be in 0..19, not {nice}")
         self.max_jobs = max_jobs
         self.threads = threads
+        self.nice = nice
         self.wake = wake or (lambda: None)
         self._cv = threading.Condition()
         self._queue: collections.deque[ConditioningJob] = collections.deque()
@@ -84,8 +98,8 @@ class ConditioningWorker:
                 raise CapacityError("the conditioning worker is closed")
             if self.jobs >= self.max_jobs:
                 raise CapacityError(
-                    f"{self.jobs} sessions are being opened or reset already (at most "
-                    f"{self.max_jobs} at once); retry later"
+                    f"the server is conditioning {self.max_jobs} new worlds already (opens and "
+                    "resets); retry later"
                 )
             self._queue.append(job)
             if self._thread is None:
@@ -120,6 +134,11 @@ class ConditioningWorker:
         with self._cv:
             return len(self._queue) + (self._running is not None) + len(self._done)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread runs (after `close`: still inside a model call)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def close(self, timeout: float = 10.0) -> bool:
         """Drop every queued job and stop the thread once its job (if any) is done; joins for
         up to `timeout` s. False when it is still inside a model call after that."""
@@ -140,6 +159,13 @@ class ConditioningWorker:
 
     def _run(self) -> None:
         torch.set_num_threads(self.threads)  # per thread: the engine thread keeps its own
+        if self.nice:
+            try:  # Linux: a thread id names the thread alone; raising it needs no privilege
+                tid = threading.get_native_id()
+                lower = min(19, os.getpriority(os.PRIO_PROCESS, tid) + self.nice)
+                os.setpriority(os.PRIO_PROCESS, tid, lower)
+            except (AttributeError, OSError) as exc:
+                log.debug("conditioning worker keeps its CPU priority: %s", exc)
         while True:
             with self._cv:
                 while not self._queue and not self._closed:

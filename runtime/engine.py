@@ -39,7 +39,7 @@ from models.actions import FrameAction
 from models.registry import UnknownModelError
 from models.world import Conditioning, ModelSpec, PreparedConditioning, World
 from runtime import metrics
-from runtime.conditioning import ConditioningJob, ConditioningWorker
+from runtime.conditioning import CONDITIONING_NICE, ConditioningJob, ConditioningWorker
 from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
 from runtime.memory import DeviceMemory
 from runtime.plan import StepPlan
@@ -109,6 +109,7 @@ class Engine:
         offload_conditioning: bool = True,
         max_preparing: int = 4,
         conditioning_threads: int = 1,
+        conditioning_nice: int = CONDITIONING_NICE,
     ) -> None:
         """`max_kv_bytes`: the device budget of every world's sessions together, pools included
         (runtime/memory.py); `max_streams`: the budget holds that many sessions of the largest
@@ -119,8 +120,9 @@ class Engine:
         None (the default) defers when not pipelined.
         `offload_conditioning`: `open_stream` / `begin_reset` of a world with heavy conditioning
         compute it on a worker thread while the engine steps on (runtime/conditioning.py), at
-        most `max_preparing` at once, with `conditioning_threads` torch threads; False: on the
-        engine's thread, every other chunk waiting for it."""
+        most `max_preparing` at once, with `conditioning_threads` torch threads at
+        `conditioning_nice` lower CPU priority; False: on the engine's thread, every other chunk
+        waiting for it."""
         self.worlds = worlds
         if pipeline is None:
             pipeline = any(w.device.type == "cuda" for w in worlds.values())
@@ -148,7 +150,9 @@ class Engine:
         # Called on the worker when a conditioning is ready (EngineThread: wakes its thread).
         self.wake: Callable[[], None] = lambda: None
         self.conditioning = (
-            ConditioningWorker(max_preparing, conditioning_threads, wake=lambda: self.wake())
+            ConditioningWorker(
+                max_preparing, conditioning_threads, wake=lambda: self.wake(), nice=conditioning_nice
+            )
             if offload_conditioning
             else None
         )
@@ -679,16 +683,18 @@ class EngineThread:
         finalizes kills the process ("terminate called without an active exception", SIGABRT),
         so stop the thread first (bounded: EXIT_GRACE_S if nobody stopped it yet) and, if it is
         still inside a model call, leave at once: status 0 after a requested stop (the process's
-        work is done; the chunk it cuts was aborted), 1 when nobody stopped the engine."""
-        if not self._thread.is_alive():
+        work is done; the chunk it cuts was aborted), 1 when nobody stopped the engine. The same
+        for the conditioning worker's thread."""
+        worker = self.engine.conditioning
+        if not self._thread.is_alive() and (worker is None or not worker.alive):
             return
         requested = self._stop_requested
-        if not requested and self.stop(EXIT_GRACE_S):
+        if self.stop(0.0 if requested else EXIT_GRACE_S):
             return
         status = 0 if requested else 1
         log.warning(
-            "= engine thread still inside a model call at exit; leaving now without waiting for "
-            "it (exit status %d)",
+            "= engine thread or conditioning worker still inside a model call at exit; leaving "
+            "now without waiting for it (exit status %d)",
             status,
         )
         for stream in (sys.stdout, sys.stderr):

@@ -9,6 +9,8 @@ by events, not by timing."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 from models.world import Conditioning, World
+from runtime.conditioning import CONDITIONING_NICE
 from runtime.engine import Engine, EngineThread, StreamInfo
 from runtime.errors import CapacityError, EngineDeadError, StreamNotFound
 from runtime.requests import ChunkCommitted, ChunkRequest
@@ -167,6 +170,20 @@ def test_a_world_without_heavy_conditioning_opens_at_once():
     engine.begin_reset("s", Conditioning(seed=2), answers.to("r"))
     assert isinstance(answers["r"], StreamInfo)
     assert engine.conditioning is not None and engine.conditioning._thread is None  # never started
+    engine.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority is Linux's")
+def test_the_worker_thread_runs_at_a_lower_cpu_priority(gated):
+    world, gate = gated
+    engine, answers = Engine({"img": world}), Answers()
+    engine.open_stream("b", "img", Conditioning(seed=GATED), None, answers.to("b"))
+    assert gate.started.wait(HANG_GUARD_S)
+    assert engine.conditioning is not None and engine.conditioning._thread is not None
+    ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    worker = os.getpriority(os.PRIO_PROCESS, engine.conditioning._thread.native_id)
+    assert worker == min(19, ours + CONDITIONING_NICE) > ours
+    gate.release.set()
     engine.close()
 
 
