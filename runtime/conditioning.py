@@ -8,9 +8,9 @@ open or reset. Without this, every other session's chunk waited for the whole en
 
 Bounds and policies:
 
-* at most `max_jobs` jobs at once, queued or running (each holds one session's prepared tensors
-  once done, until the engine installs them); one more is refused with `CapacityError` (the
-  sessions answer `busy`);
+* at most `max_jobs` jobs at once, queued, running or done and not yet installed (a done one
+  holds one session's prepared tensors until the engine's next step takes them); one more is
+  refused with `CapacityError` (the sessions answer `busy`);
 * one job runs at a time, first in first out (so one `prepare` at a time: a VAE encoder keeps
   scratch on its module);
 * a cancelled job (its session closed) leaves the queue at once; a running one cannot be
