@@ -616,7 +616,10 @@ class CausalWan(nn.Module):
 
     def set_text(self, row: int, text: torch.Tensor) -> None:
         """Store the cross-attention K/V of text embeddings (L_text, text_dim) in pool row `row`."""
-        kv = self.text_kv(text)
+        self.set_text_kv(row, self.text_kv(text))
+
+    def set_text_kv(self, row: int, kv: TextKV) -> None:
+        """Store cross-attention K/V computed before (`text_kv`) in pool row `row` (a copy)."""
         self._pool().set_text(row, kv.k, kv.v)
 
     @torch.no_grad()

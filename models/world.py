@@ -1,9 +1,12 @@
 """The world-model contract: a causal DiT, a streaming decoder and a schedule, batched over sessions.
 
-`World` implements the four calls the runtime's chunk transaction is built from
+`World` implements the calls the runtime's chunk transaction is built from
 (docs/ARCHITECTURE.md, "The world contract"):
 
-* `init_state(cond)` -> `WorldState`: a row of the model's K/V pool, decoder cache, RNG key, counters;
+* `prepare(cond)` -> `PreparedConditioning`: what a new world needs that no pool row holds yet (it
+  may run on another thread);
+* `init_state(cond, prepared)` -> `WorldState`: a row of the model's K/V pool, decoder cache, RNG key,
+  counters;
 * `denoise(x_t, t, index, actions)` -> prediction; reads committed K/V, writes scratch only;
 * `canonical(x0)`: a generated chunk in the form it is shown and kept as history (the decoder's);
 * `context(x0, index, actions)`: the clean pass that leaves the chunk's K/V in scratch;
@@ -31,7 +34,7 @@ import numpy as np
 import torch
 
 from models.actions import ActionSpace, FrameLayout
-from models.causal_wan import CausalWan
+from models.causal_wan import CausalWan, TextKV
 from models.kv_pool import ChunkIndex
 from models.plugin import PluginState, WorldPlugin
 from models.sampler import FlowSchedule, add_noise
@@ -132,6 +135,22 @@ class WorldState:
     start_latents: torch.Tensor | None = None  # (C, 1, h, w) image latent until the runner prefills it
     # The world's plug-in state (`models.plugin`): None until the plug-in makes one, or without one.
     plugin_state: PluginState | None = None
+
+
+@dataclass
+class PreparedConditioning:
+    """A new world's conditioning computed before it holds a pool row (`World.prepare`); tensors
+    on the world's device, installed into the row by `World.init_state`."""
+
+    seed: int  # the session's RNG key
+    text_kv: TextKV  # every layer's cross-attention K/V of its text (an I2V world: image tokens)
+    image_cond: torch.Tensor | None = None  # (4 + C, F, h, w) an I2V world's conditioning latents
+    start_latents: torch.Tensor | None = None  # (C, 1, h, w) an image-started world's frame 0
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor it holds (a runtime that made them on another CUDA stream marks them)."""
+        extra = [t for t in (self.image_cond, self.start_latents) if t is not None]
+        return [*self.text_kv.k, *self.text_kv.v, *extra]
 
 
 class PromptSource(Protocol):
@@ -598,14 +617,24 @@ class World:
         pad = self.transformer.cfg.text_tokens - text.shape[0]
         return torch.cat([text, text.new_zeros(pad, text.shape[1])]) if pad > 0 else text
 
+    @property
+    def heavy_conditioning(self) -> bool:
+        """Whether `prepare` runs a network (an image encoder, a vision tower): the runtime then
+        computes it off the thread that steps the chunks (runtime/conditioning.py). A world that
+        only looks up a prompt or takes the null text prepares inline."""
+        return self.conditioner is not None or self.config.image_start
+
     @torch.no_grad()
-    def init_state(self, cond: Conditioning) -> WorldState:
-        """An empty world for `cond`: takes a row of the K/V pool and stores its text K/V there
-        (an I2V world: its image conditioning, see `_image_cond`)."""
-        text = cond.text
+    def prepare(self, cond: Conditioning) -> PreparedConditioning:
+        """Everything a new world for `cond` needs that does not depend on its pool row: the
+        checks of `cond`, the start image's latents, the text K/V of every layer (an I2V world:
+        its image conditioning, see `_prepare_i2v`). Reads weights and writes nothing of the
+        world's, so it may run on another thread while chunks run (one `prepare` at a time: a
+        VAE encoder keeps scratch on its module). Raises `ConditioningError` for a bad `cond`."""
         tcfg = self.transformer.cfg
         if tcfg.image_dim:
-            return self._init_i2v(cond)
+            return self._prepare_i2v(cond)
+        text = cond.text
         if text is None and cond.prompt:
             text = self._prompt_text(cond.prompt)
         if text is None:
@@ -615,13 +644,31 @@ class World:
         elif text.shape[0] > tcfg.text_tokens:
             raise ConditioningError("prompt", f"text embedding has more than {tcfg.text_tokens} tokens")
         start_latents = self._start_latents(cond)
-        row, lease = self._lease_row()
-        self.transformer.set_text(row, text.to(self.device, self.dtype))
-        return WorldState(row, lease, self.decoder.init_cache(), int(cond.seed), start_latents=start_latents)
+        text_kv = self.transformer.text_kv(text.to(self.device, self.dtype))
+        return PreparedConditioning(int(cond.seed), text_kv, start_latents=start_latents)
 
-    def _init_i2v(self, cond: Conditioning) -> WorldState:
+    @torch.no_grad()
+    def init_state(self, cond: Conditioning, prepared: PreparedConditioning | None = None) -> WorldState:
+        """An empty world for `cond`: takes a row of the K/V pool and stores its text K/V there
+        (an I2V world: its image conditioning). `prepared`: `prepare(cond)` computed before (None:
+        computed here)."""
+        if prepared is None:
+            prepared = self.prepare(cond)
+        row, lease = self._lease_row()
+        try:
+            self.transformer.set_text_kv(row, prepared.text_kv)
+            if prepared.image_cond is not None:
+                self.transformer.set_image_cond(row, prepared.image_cond)
+        except Exception:
+            self._free_row(row, lease)
+            raise
+        return WorldState(
+            row, lease, self.decoder.init_cache(), prepared.seed, start_latents=prepared.start_latents
+        )
+
+    def _prepare_i2v(self, cond: Conditioning) -> PreparedConditioning:
         """An I2V world (Matrix-Game): the start frame conditions every chunk instead of being
-        committed as frame 0; its latents and image tokens live in the session's pool row."""
+        committed as frame 0; its latents and image tokens go to the session's pool row."""
         if cond.text is not None:
             raise ConditioningError("prompt", f"{self.config.id} is conditioned on an image, not a prompt")
         image = cond.image
@@ -639,14 +686,8 @@ class World:
             raise ConditioningError("image", f"image must be an (H, W, 3) uint8 RGB frame, got {got}")
         assert self.conditioner is not None  # checked in __init__
         latents, tokens = self.conditioner(image, self.config.height, self.config.width)
-        row, lease = self._lease_row()
-        try:
-            self.transformer.set_text(row, tokens.to(self.device, self.dtype))
-            self.transformer.set_image_cond(row, latents.to(self.device, self.dtype))
-        except Exception:
-            self._free_row(row, lease)
-            raise
-        return WorldState(row, lease, self.decoder.init_cache(), int(cond.seed))
+        text_kv = self.transformer.text_kv(tokens.to(self.device, self.dtype))
+        return PreparedConditioning(int(cond.seed), text_kv, image_cond=latents.to(self.device, self.dtype))
 
     def _start_latents(self, cond: Conditioning) -> torch.Tensor | None:
         if self.config.image_start:

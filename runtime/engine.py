@@ -8,6 +8,11 @@ thread and hands results to asyncio as futures, so the event loop never runs a m
         drain_inputs()          # submits, control calls (add/fork/reset/remove), in order
         outcomes = engine.step()
         deliver(outcomes)       # loop.call_soon_threadsafe -> future.set_result
+
+An open or reset of a world with heavy conditioning (`World.heavy_conditioning`) computes it on
+the conditioning worker (runtime/conditioning.py) while the engine steps on; `step` installs the
+result at its start, between two batches, and only then answers the open or reset
+(`Engine.open_stream`, `Engine.begin_reset`).
 """
 
 from __future__ import annotations
@@ -25,15 +30,16 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
 
 from models.actions import FrameAction
 from models.registry import UnknownModelError
-from models.world import Conditioning, ConditioningError, ModelSpec, World
+from models.world import Conditioning, ConditioningError, ModelSpec, PreparedConditioning, World
 from runtime import metrics
+from runtime.conditioning import CONDITIONING_NICE, ConditioningJob, ConditioningWorker
 from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
 from runtime.memory import DeviceMemory
 from runtime.plan import StepPlan
@@ -54,6 +60,8 @@ from runtime.transaction import Stream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# The answer to an open or reset: its stream's info, or the error; called once, on the engine thread.
+Reply = Callable[["StreamInfo | Exception"], None]
 
 # At interpreter exit, how long an engine thread nobody stopped gets to leave its model call.
 EXIT_GRACE_S = 10.0
@@ -73,6 +81,18 @@ class StreamInfo:
     frame: np.ndarray | None = field(default=None, repr=False)  # (H, W, 3) uint8 start frame, if prefilled
 
 
+@dataclass
+class _Preparing:
+    """An open or reset whose conditioning is being computed (`ConditioningWorker`)."""
+
+    kind: Literal["add", "reset"]
+    model_id: str
+    cond: Conditioning
+    debug: DebugHooks
+    reply: Reply
+    job: ConditioningJob
+
+
 class Engine:
     """Streams, a scheduler and a runner for one device."""
 
@@ -89,6 +109,10 @@ class Engine:
         pipeline: bool | None = None,
         defer_context: bool | None = None,
         retention: int = 0,
+        offload_conditioning: bool = True,
+        max_preparing: int = 4,
+        conditioning_threads: int = 1,
+        conditioning_nice: int = CONDITIONING_NICE,
     ) -> None:
         """`max_kv_bytes`: the device budget of every world's sessions together, pools included
         (runtime/memory.py); `max_streams`: the budget holds that many sessions of the largest
@@ -98,7 +122,12 @@ class Engine:
         `defer_context`: run each chunk's clean pass after its frames are out (runtime/runner.py);
         None (the default) defers when not pipelined.
         `retention`: chunks a stream can be rewound by (`rewind_stream`, runtime/history.py);
-        each session's charge grows by that many chunks of ring slack and checkpoints."""
+        each session's charge grows by that many chunks of ring slack and checkpoints.
+        `offload_conditioning`: `open_stream` / `begin_reset` of a world with heavy conditioning
+        compute it on a worker thread while the engine steps on (runtime/conditioning.py), at
+        most `max_preparing` at once, with `conditioning_threads` torch threads at
+        `conditioning_nice` lower CPU priority; False: on the engine's thread, every other chunk
+        waiting for it."""
         self.worlds = worlds
         self.retention = retention
         if pipeline is None:
@@ -135,6 +164,16 @@ class Engine:
         self._side_outcomes: list[Outcome] = []  # produced by control calls; returned by the next step()
         self.throughput = ThroughputMeter()  # measured chunks/s per world (admission reads it)
         self._timing: BatchTimer | None = None  # the last batch, until the next one starts
+        # Called on the worker when a conditioning is ready (EngineThread: wakes its thread).
+        self.wake: Callable[[], None] = lambda: None
+        self.conditioning = (
+            ConditioningWorker(
+                max_preparing, conditioning_threads, wake=lambda: self.wake(), nice=conditioning_nice
+            )
+            if offload_conditioning
+            else None
+        )
+        self._preparing: dict[str, _Preparing] = {}  # stream id -> its open or reset being prepared
 
     # -- thread-safe ----------------------------------------------------------------------------
 
@@ -186,24 +225,118 @@ class Engine:
     def add_stream(
         self, stream_id: str, model_id: str, cond: Conditioning, debug: DebugHooks | None = None
     ) -> StreamInfo:
-        """Create a world for a new stream (admitted by bytes; takes a row of the world's pool)."""
+        """Create a world for a new stream (admitted by bytes; takes a row of the world's pool).
+        Its conditioning is computed here, on the calling thread (`open_stream`: off it)."""
         self._world(model_id)
-        if stream_id in self.runner.streams:
-            raise ValueError(f"stream {stream_id} exists")
+        self._check_new(stream_id)
         self._reserve(stream_id, model_id)
+        return self._install_add(stream_id, model_id, cond, debug or DebugHooks(), None)
+
+    def _check_new(self, stream_id: str) -> None:
+        if stream_id in self.runner.streams or stream_id in self._preparing:
+            raise ValueError(f"stream {stream_id} exists")
+
+    def _install_add(
+        self,
+        stream_id: str,
+        model_id: str,
+        cond: Conditioning,
+        debug: DebugHooks,
+        prepared: PreparedConditioning | None,
+    ) -> StreamInfo:
+        """The admitted stream's world (its lease is released if it cannot be built)."""
         try:
-            frame = self.runner.add(stream_id, model_id, cond, debug or DebugHooks())
+            frame = self.runner.add(stream_id, model_id, cond, debug, prepared)
         except Exception:
             self._release(stream_id)
             raise
         self.memory.bind(stream_id, self.runner.streams[stream_id].state)
         return replace(self.info(stream_id), frame=frame)
 
+    def _offloads(self, model_id: str) -> bool:
+        return self.conditioning is not None and self.worlds[model_id].heavy_conditioning
+
+    def open_stream(
+        self,
+        stream_id: str,
+        model_id: str,
+        cond: Conditioning,
+        debug: DebugHooks | None,
+        reply: Reply,
+    ) -> None:
+        """`add_stream` without holding the engine: a world with heavy conditioning is admitted
+        now (its bytes held), computes it on the conditioning worker, and is installed by a later
+        `step`; `reply` gets the stream's info or the error then (at once for any other world, or
+        when the open is refused: `CapacityError` when its bytes do not fit or the worker is
+        full). A `remove_stream` before then drops it (`reply`: StreamNotFound)."""
+        answer: StreamInfo | Exception
+        try:
+            self._world(model_id)
+            if not self._offloads(model_id):
+                answer = self.add_stream(stream_id, model_id, cond, debug)
+            else:
+                self._check_new(stream_id)
+                self._reserve(stream_id, model_id)
+                try:
+                    job = self._submit_conditioning(stream_id, model_id, cond)
+                except Exception:
+                    self._release(stream_id)
+                    raise
+                hooks = debug or DebugHooks()
+                self._preparing[stream_id] = _Preparing("add", model_id, cond, hooks, reply, job)
+                return
+        except Exception as exc:
+            answer = exc
+        reply(answer)
+
+    def _submit_conditioning(self, stream_id: str, model_id: str, cond: Conditioning) -> ConditioningJob:
+        assert self.conditioning is not None
+        return self.conditioning.submit(stream_id, self.worlds[model_id], cond)
+
+    def preparing(self, stream_id: str) -> bool:
+        """Whether the stream's open or reset is waiting for its conditioning."""
+        return stream_id in self._preparing
+
+    def _install_prepared(self) -> None:
+        """Install the conditioning the worker finished (a boundary: no batch is running) and
+        answer each open or reset."""
+        if self.conditioning is None:
+            return
+        for job in self.conditioning.take_done():
+            p = self._preparing.get(job.stream_id)
+            if p is None or p.job is not job:
+                continue  # dropped (its stream was removed)
+            del self._preparing[job.stream_id]
+            answer: StreamInfo | Exception
+            if job.prepared is None:  # its conditioning failed: the open fails, a reset keeps the old world
+                assert job.error is not None
+                if p.kind == "add":
+                    self._release(job.stream_id)
+                answer = job.error
+            else:
+                self._mark_used(job.prepared)
+                try:
+                    if p.kind == "add":  # releases the lease if it fails
+                        answer = self._install_add(job.stream_id, p.model_id, p.cond, p.debug, job.prepared)
+                    else:
+                        answer = self._install_reset(job.stream_id, p.cond, job.prepared)
+                except Exception as exc:
+                    answer = exc
+            p.reply(answer)
+
+    def _mark_used(self, prepared: PreparedConditioning) -> None:
+        """Made on the worker's CUDA stream: tell the allocator the engine's stream reads them
+        too, so their memory is not handed to the worker's next job before these reads ran."""
+        for t in prepared.tensors():
+            if t.is_cuda:
+                t.record_stream(torch.cuda.current_stream(t.device))
+
     def fork_stream(self, src_id: str, dst_id: str) -> StreamInfo:
         """A new stream holding a copy of `src_id`'s committed world."""
         src = self._stream(src_id)
-        if dst_id in self.runner.streams:
-            raise ValueError(f"stream {dst_id} exists")
+        self._check_new(dst_id)
+        if src_id in self._preparing:
+            raise CapacityError(f"stream {src_id} is being reset; fork it after the reset")
         self._settle()
         self._reserve(dst_id, src.model_id)
         try:
@@ -216,11 +349,22 @@ class Engine:
 
     def reset_stream(self, stream_id: str, cond: Conditioning) -> StreamInfo:
         """A fresh world in the same stream; queued chunks are cancelled (outcomes in the next step).
-        If the new world cannot be built, the old one stays and the error is raised."""
+        If the new world cannot be built, the old one stays and the error is raised. Its
+        conditioning is computed here, on the calling thread (`begin_reset`: off it)."""
         self._stream(stream_id)
-        self._settle()
+        if stream_id in self._preparing:
+            raise CapacityError(f"stream {stream_id} is being reset already")
+        return self._install_reset(stream_id, cond, None)
+
+    def _drop_queued(self, stream_id: str) -> None:
         self._side_outcomes += self._drop({r.request_id for r in self.scheduler.pending(stream_id)})
-        frame = self.runner.reset(stream_id, cond)  # the new state takes the pool's spare row
+
+    def _install_reset(
+        self, stream_id: str, cond: Conditioning, prepared: PreparedConditioning | None
+    ) -> StreamInfo:
+        self._settle()
+        self._drop_queued(stream_id)  # (again, for a deferred reset: chunks requeued since its start)
+        frame = self.runner.reset(stream_id, cond, prepared)  # the new state takes the pool's spare row
         self.memory.bind(stream_id, self.runner.streams[stream_id].state)
         return replace(self.info(stream_id), frame=frame)
 
@@ -239,9 +383,41 @@ class Engine:
         frame = self.runner.rewind(stream_id, chunk)
         return replace(self.info(stream_id), frame=frame)
 
+    def begin_reset(self, stream_id: str, cond: Conditioning, reply: Reply) -> None:
+        """`reset_stream` without holding the engine: queued chunks are cancelled now; a world
+        with heavy conditioning computes it on the conditioning worker and the new world is
+        installed by a later `step`, which `reply` waits for (any other world: at once). Until
+        then the stream keeps its old world and takes no new chunk (`CapacityError`); `reply`
+        gets the info or the error (the old world stays then)."""
+        answer: StreamInfo | Exception
+        try:
+            stream = self._stream(stream_id)
+            if stream_id in self._preparing:
+                raise CapacityError(f"stream {stream_id} is being reset already")
+            if not self._offloads(stream.model_id):
+                answer = self.reset_stream(stream_id, cond)
+            else:
+                job = self._submit_conditioning(stream_id, stream.model_id, cond)
+                self._drop_queued(stream_id)
+                p = _Preparing("reset", stream.model_id, cond, stream.debug, reply, job)
+                self._preparing[stream_id] = p
+                return
+        except Exception as exc:
+            answer = exc
+        reply(answer)
+
     def remove_stream(self, stream_id: str) -> None:
         """End a stream: queued chunks are cancelled (outcomes in the next step) and its device
-        state is freed before its budget is (runs between steps, so no batch holds it)."""
+        state is freed before its budget is (runs between steps, so no batch holds it). An open
+        or reset still computing its conditioning is dropped and answered StreamNotFound."""
+        p = self._preparing.pop(stream_id, None)
+        if p is not None:
+            assert self.conditioning is not None
+            self.conditioning.cancel(p.job)
+            p.reply(StreamNotFound(f"stream {stream_id} was removed while its conditioning was computed"))
+            if p.kind == "add":
+                self._release(stream_id)
+                return
         self._stream(stream_id)
         self._settle()
         numbers = self._queued_chunk_numbers(stream_id)
@@ -292,12 +468,23 @@ class Engine:
         self.runner.streams[stream_id] = stream
         return self.info(stream_id), snap.session, snap.arrays
 
-    def close(self) -> None:
-        """Free every stream's device state (the engine is done: nothing runs after this).
-        Explicit, so a world an engine leaves behind has every row free for the next."""
+    def close(self, timeout: float = 10.0) -> bool:
+        """Free every stream's device state (the engine is done: nothing runs after this) and
+        stop the conditioning worker (opens and resets still waiting for it are answered
+        EngineDeadError). Explicit, so a world an engine leaves behind has every row free for the
+        next. False when the worker is still inside a model call after `timeout` s."""
+        stopped = True
+        if self.conditioning is not None:
+            stopped = self.conditioning.close(timeout)
+        for stream_id, p in list(self._preparing.items()):
+            del self._preparing[stream_id]
+            if p.kind == "add":
+                self._release(stream_id)
+            p.reply(EngineDeadError("engine closed"))
         for stream_id in list(self.runner.streams):
             self.runner.remove(stream_id)
             self._release(stream_id)
+        return stopped
 
     def _settle(self) -> None:
         """Finish a decode still in flight and run the owed clean passes, so control calls see
@@ -349,6 +536,8 @@ class Engine:
         rid = request.request_id
         try:
             stream = self._stream(request.stream_id)
+            if request.stream_id in self._preparing:
+                raise CapacityError(f"stream {request.stream_id} is being reset; submit after the reset")
             if self.scheduler.queued(request.stream_id) >= self.max_queued:
                 raise CapacityError(f"stream {request.stream_id} already has {self.max_queued} chunks queued")
             if request.actions is not None:
@@ -381,7 +570,8 @@ class Engine:
 
     def has_work(self) -> bool:
         """Whether `step()` would do anything."""
-        return self.scheduler.has_unfinished() or bool(self._side_outcomes) or self.runner.busy
+        ready = self.conditioning is not None and self.conditioning.has_done()
+        return self.scheduler.has_unfinished() or bool(self._side_outcomes) or self.runner.busy or ready
 
     def step(self) -> list[Outcome]:
         """Schedule one batch, run it, commit what survived; return every outcome produced.
@@ -389,6 +579,7 @@ class Engine:
         start = time.perf_counter()
         if self._timing is not None:
             self._timing.charge_gap(start)
+        self._install_prepared()  # before the outcomes are taken: a reset's drops go out now
         outcomes, self._side_outcomes = self._side_outcomes, []
         outcomes += self._process_aborts()
         plan = self.scheduler.schedule()
@@ -520,6 +711,7 @@ class EngineThread:
         # sure the interpreter never finalizes while it is inside one.
         self._thread = threading.Thread(target=self._run, name="worldserve-engine", daemon=True)
         self._prompts = PromptWorker(threads=prompt_threads)  # text encodes, off this thread and the loop
+        engine.wake = self._wake  # a finished conditioning wakes the thread from its idle wait
 
     @property
     def dead(self) -> bool:
@@ -549,12 +741,15 @@ class EngineThread:
         with self._flock:
             ids = list(self._futures)
         self.engine.abort(ids)
-        with contextlib.suppress(CapacityError):  # a full queue wakes the thread as well
-            self._put(lambda: None)
+        self._wake()
         self._thread.join(timeout)
         self._fail_all(EngineDeadError("engine stopped"))
         if self._thread.is_alive():
             log.warning("= engine thread still inside a model call %.1f s after stop", timeout)
+            return False
+        worker = self.engine.conditioning
+        if worker is not None and not worker.close(timeout):
+            log.warning("= conditioning worker still inside a model call %.1f s after stop", timeout)
             return False
         return True
 
@@ -572,16 +767,18 @@ class EngineThread:
         finalizes kills the process ("terminate called without an active exception", SIGABRT),
         so stop the thread first (bounded: EXIT_GRACE_S if nobody stopped it yet) and, if it is
         still inside a model call, leave at once: status 0 after a requested stop (the process's
-        work is done; the chunk it cuts was aborted), 1 when nobody stopped the engine."""
-        if not self._thread.is_alive():
+        work is done; the chunk it cuts was aborted), 1 when nobody stopped the engine. The same
+        for the conditioning worker's thread."""
+        worker = self.engine.conditioning
+        if not self._thread.is_alive() and (worker is None or not worker.alive):
             return
         requested = self._stop_requested
-        if not requested and self.stop(EXIT_GRACE_S):
+        if self.stop(0.0 if requested else EXIT_GRACE_S):
             return
         status = 0 if requested else 1
         log.warning(
-            "= engine thread still inside a model call at exit; leaving now without waiting for "
-            "it (exit status %d)",
+            "= engine thread or conditioning worker still inside a model call at exit; leaving "
+            "now without waiting for it (exit status %d)",
             status,
         )
         for stream in (sys.stdout, sys.stderr):
@@ -594,6 +791,11 @@ class EngineThread:
             self._inputs.put_nowait(fn)
         except queue.Full as exc:
             raise CapacityError("engine input queue is full") from exc
+
+    def _wake(self) -> None:
+        """Make an idle engine thread look for work now (thread-safe)."""
+        with contextlib.suppress(CapacityError):  # a full queue wakes the thread as well
+            self._put(lambda: None)
 
     # -- asyncio side ---------------------------------------------------------------------------
 
@@ -614,6 +816,39 @@ class EngineThread:
                 self.loop.call_soon_threadsafe(_set_exception, fut, exc)
             else:
                 self.loop.call_soon_threadsafe(_set_result, fut, result)
+
+        try:
+            self._put(job)
+        except CapacityError:
+            with self._flock:
+                self._calls.discard(fut)
+            raise
+        return fut
+
+    def call_deferred(self, fn: Callable[..., None], *args: Any) -> asyncio.Future[Any]:
+        """Run `fn(*args, reply)` on the engine thread between steps; the future holds what
+        `reply` is given (an exception: raised), now or at a later step (`Engine.open_stream`)."""
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        with self._flock:
+            self._calls.add(fut)
+
+        def reply(answer: Any) -> None:
+            with self._flock:
+                self._calls.discard(fut)
+            if self.loop.is_closed():
+                return
+            if isinstance(answer, BaseException):
+                self.loop.call_soon_threadsafe(_set_exception, fut, answer)
+            else:
+                self.loop.call_soon_threadsafe(_set_result, fut, answer)
+
+        def job() -> None:
+            try:
+                fn(*args, reply)
+            except Exception as exc:  # handed to the caller, the engine goes on
+                reply(exc)
 
         try:
             self._put(job)
@@ -676,16 +911,18 @@ class EngineThread:
     def add_stream(
         self, stream_id: str, model_id: str, cond: Conditioning, debug: DebugHooks | None = None
     ) -> asyncio.Future[StreamInfo]:
-        """`Engine.add_stream` on the engine thread (admitted by bytes: CapacityError when full)."""
-        return self.call(self.engine.add_stream, stream_id, model_id, cond, debug)
+        """`Engine.open_stream` on the engine thread (admitted by bytes: CapacityError when full);
+        the future resolves once the world is installed (heavy conditioning is computed off the
+        engine thread meanwhile)."""
+        return self.call_deferred(self.engine.open_stream, stream_id, model_id, cond, debug)
 
     def fork_stream(self, src_id: str, dst_id: str) -> asyncio.Future[StreamInfo]:
         """`Engine.fork_stream` on the engine thread: one call copies a stream's committed world."""
         return self.call(self.engine.fork_stream, src_id, dst_id)
 
     def reset_stream(self, stream_id: str, cond: Conditioning) -> asyncio.Future[StreamInfo]:
-        """`Engine.reset_stream` on the engine thread."""
-        return self.call(self.engine.reset_stream, stream_id, cond)
+        """`Engine.begin_reset` on the engine thread; resolves once the new world is installed."""
+        return self.call_deferred(self.engine.begin_reset, stream_id, cond)
 
     def rewind_stream(self, stream_id: str, chunk: int) -> asyncio.Future[StreamInfo]:
         """`Engine.rewind_stream` on the engine thread (`NotRetained` when out of retention)."""

@@ -220,7 +220,9 @@ class DeviceMemory:
         """Leave `model_id`'s pool a free row for a new session beyond its spare, shrinking the
         other pools to their live rows and spare first when the budget's bytes are all in pools."""
         world = self.worlds[model_id]
-        if world.free_rows >= 2:
+        # An admitted lease not yet bound (its conditioning still being computed) takes its row later.
+        unbound = sum(1 for lease in self.live(model_id) if lease.state is None)
+        if world.free_rows - unbound >= 2:
             return
         self._settle()
         grow = (2 - world.free_rows) * self.costs[model_id].row

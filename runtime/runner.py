@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from models.actions import FrameAction, group_actions
-from models.world import Conditioning, World
+from models.world import Conditioning, PreparedConditioning, World
 from runtime.batch import Batch, InjectedFault, RunnerOutput, StageClock, is_fatal
 from runtime.errors import NotRetained
 from runtime.history import Checkpoint, ChunkHistory
@@ -105,12 +105,20 @@ class Runner:
 
     # -- stream ownership -----------------------------------------------------------------------
 
-    def add(self, stream_id: str, model_id: str, cond: Conditioning, debug: DebugHooks) -> np.ndarray | None:
+    def add(
+        self,
+        stream_id: str,
+        model_id: str,
+        cond: Conditioning,
+        debug: DebugHooks,
+        prepared: PreparedConditioning | None = None,
+    ) -> np.ndarray | None:
         """A new stream with a fresh, prefilled world (takes a pool row); returns its start frame
-        (see `prefill`). On error nothing is kept."""
+        (see `prefill`). `prepared`: its conditioning computed before (`World.prepare`; None:
+        computed here). On error nothing is kept."""
         if stream_id in self.streams:
             raise ValueError(f"stream {stream_id} exists")
-        state = self.worlds[model_id].init_state(cond)
+        state = self.worlds[model_id].init_state(cond, prepared)
         stream = Stream(stream_id, model_id, state, debug, history=ChunkHistory(self.retention))
         self.streams[stream_id] = stream
         try:
@@ -137,13 +145,16 @@ class Runner:
         self.streams[dst_id] = dst
         return dst
 
-    def reset(self, stream_id: str, cond: Conditioning) -> np.ndarray | None:
+    def reset(
+        self, stream_id: str, cond: Conditioning, prepared: PreparedConditioning | None = None
+    ) -> np.ndarray | None:
         """A fresh, prefilled world in the same stream; returns its start frame (see `prefill`).
-        If the new world cannot be built the old one stays and the error is raised."""
+        `prepared`: as in `add`. If the new world cannot be built the old one stays and the
+        error is raised."""
         stream = self.streams[stream_id]
         world = self.worlds[stream.model_id]
         old = stream.state
-        stream.state = world.init_state(cond)
+        stream.state = world.init_state(cond, prepared)
         try:
             frame = self.prefill(stream_id)
         except Exception:

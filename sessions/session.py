@@ -32,13 +32,20 @@ from typing import Literal
 import numpy as np
 
 from models.actions import FrameAction
-from models.world import Conditioning, ModelSpec
+from models.world import Conditioning, ConditioningError, ModelSpec
 from runtime.engine import EngineThread, StreamInfo
 from runtime.errors import CapacityError, EngineDeadError, InvalidRequest, StreamNotFound
 from runtime.errors import NotRetained as EngineNotRetained
 from runtime.requests import ChunkCancelled, ChunkCommitted, ChunkFailed, ChunkRequest, Outcome
 from sessions.actions import ActionBuffer, ChunkSource
-from sessions.errors import InvalidInput, NotRetained, RateLimited, SessionFailed, SessionNotFound
+from sessions.errors import (
+    InvalidInput,
+    NotRetained,
+    RateLimited,
+    SessionBusy,
+    SessionFailed,
+    SessionNotFound,
+)
 from sessions.events import (
     CancelledEvent,
     ClosedEvent,
@@ -361,6 +368,10 @@ class Session:
                 if self.status.is_finished:
                     return  # the session ended meanwhile: `closed` answered the reset
                 raise SessionFailed(f"reset failed: {exc}") from exc
+            except CapacityError as exc:  # too many opens/resets being conditioned: the old world stays
+                raise SessionBusy(str(exc)) from exc
+            except ConditioningError as exc:
+                raise InvalidInput(str(exc), field=exc.field) from exc
             if wait is not None:
                 # The old world's outcomes, numbered in it; the last may come with the engine's
                 # next step. The session finishing answers the wait too.
