@@ -220,3 +220,23 @@ def test_the_sdk_keeps_a_save_game_and_opens_it_again(worlds) -> None:
                 await copy.close()
 
     run(main())
+
+
+def test_the_sync_client_keeps_a_save_game_and_opens_it_again(worlds) -> None:
+    from web.sdk import Client
+
+    async def main():
+        async with serving(worlds) as server:
+
+            def play() -> None:
+                with Client(server.url, seed=6) as world:
+                    world.step({"keys": ["w"]})
+                    data = world.snapshot()
+                    want = world.step({"keys": ["d"]})
+                with Client(server.url, restore=data) as copy:
+                    assert copy.ready.chunk == 1
+                    assert np.array_equal(copy.step({"keys": ["d"]}), want)
+
+            await asyncio.to_thread(play)
+
+    run(main())

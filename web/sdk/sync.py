@@ -54,7 +54,8 @@ def _connect(url: str, timeout_s: float) -> ClientConnection:
 
 
 class Client(BaseWorld):
-    """One session (sync). ``resume=TOKEN`` attaches to a live session instead of opening one.
+    """One session (sync). ``resume=TOKEN`` attaches to a live session instead of opening one;
+    ``restore=DATA`` opens a new session from a save game (`snapshot`'s bytes), in ``mode``.
 
     ``connect_timeout``: seconds to keep trying to reach the server (it may still be starting)
     before raising :exc:`~web.errors.ServerUnreachable`; ``timeout_s``: seconds to wait for
@@ -74,6 +75,7 @@ class Client(BaseWorld):
         max_ahead: int = 2,
         debug: dict[str, Any] | None = None,
         resume: str | None = None,
+        restore: bytes | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_S,
         timeout_s: float | None = None,
     ) -> None:
@@ -82,8 +84,12 @@ class Client(BaseWorld):
         self.timeout_s = timeout_s  # how long to wait for a reply; None: forever
         self.core = ClientCore(codec)
         self._ws: ClientConnection | None = None
+        if resume is not None and restore is not None:
+            raise ValueError("resume= attaches to a live session, restore= opens a save game: not both")
         if resume is not None:
             self._start(session_url(url, resume=resume, codec=codec), None)
+        elif restore is not None:
+            self._start(session_url(url), m.Restore(data=restore, mode=mode, codec=codec, token=token))
         else:
             opening = open_message(model, seed, mode, codec, token, max_ahead, debug, prompt)
             self._start(session_url(url), opening)
