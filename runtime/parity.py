@@ -21,9 +21,9 @@ session's text, no actions. LongLive: the same, and a golden's `switch_frame_ind
 `prompt` switches on the chunks that start there, its segments' embeddings served by
 `GoldenPrompts` in place of the world's prompt source. Matrix-Game 2.0: the world's image
 conditioner (CLIP tower + VAE encoder) is swapped for `GoldenConditioner`, which hands every
-session the golden's `cond_concat` / `visual_context` (so the start image the session sends is a placeholder), and
-the golden's video-rate `keyboard` / `mouse` rows become protocol frame actions
-(`golden_actions`), split into chunks as the served path consumes them. Other families are
+session the golden's `cond_concat` / `visual_context` (so the start image the session sends
+is a placeholder), and the golden's video-rate `keyboard` / `mouse` rows become protocol frame
+actions (`golden_actions`), split into chunks as the served path consumes them. Other families are
 `ParityUnsupported`.
 """
 
