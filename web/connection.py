@@ -92,6 +92,7 @@ class Connection:
             "pause": self._pause,
             "resume": self._resume,
             "reset": self._reset,
+            "prompt": self._prompt,
             "fork": self._fork,
             "ack": self._ack,
             "ping": self._ping,
@@ -481,6 +482,13 @@ class Connection:
         session = self._live(msg)
         # answered by `ready`; a prompt the world cannot take is invalid_field (the session goes on)
         await self.manager.reset(session, msg.seq, msg.seed, msg.prompt)
+
+    async def _prompt(self, msg: m.PromptSwitch) -> None:
+        # answered by `prompted` once encoded, then the `frames` of the first chunk under it carry
+        # `prompt_seq`; a world without prompts or a prompt it cannot take is invalid_field `text`
+        # (the session goes on under its old prompt)
+        await self.manager.switch_prompt(self._live(msg), msg.seq, msg.text)
+        self.pipeline.put(m.Prompted(seq=msg.seq))
 
     async def _fork(self, msg: m.Fork) -> None:
         session = self._live(msg)

@@ -42,13 +42,14 @@ def test_every_protocol_type_has_one_model() -> None:
         "pause",
         "resume",
         "reset",
+        "prompt",
         "fork",
         "ack",
         "ping",
         "close",
         "generate",
     ]
-    server_types = ["ready", "frames", "cancelled", "forked", "done", "pong", "error", "closed"]
+    server_types = ["ready", "frames", "cancelled", "prompted", "forked", "done", "pong", "error", "closed"]
     assert sorted(m.CLIENT_TYPES) == sorted(client_types)
     assert sorted(m.SERVER_TYPES) == sorted(server_types)
 

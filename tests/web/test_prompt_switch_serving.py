@@ -1,0 +1,141 @@
+"""`prompt` mid-session against a converted tiny LongLive world served with a tiny UMT5 text
+encoder (`serve --text-encoder DIR`): `prompted`, then the next chunk is generated under the new
+prompt and its `frames` carry `prompt_seq`; frames before it are those of a session that never
+switched; a world without prompts or a prompt over the limit is `invalid_field` and the session
+goes on; the SDK's `session.prompt`; a cancelled switch is dropped (`cancelled.prompt_seq`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.world import World
+from tests.fixtures.golden.served import write_longlive_dir, write_umt5_dir
+from tests.web.conftest import dial, recv, recv_until, run, send, serving
+from web import cli
+from web import messages as m
+from web.sdk import aio
+
+PROMPT, OTHER = "a red car on a beach", "a castle at night"
+TOO_LONG = "a long road " * 8  # 25 tokens with its EOS: the tiny world takes 16
+IDLE = (m.FrameAction(),)
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory: pytest.TempPathFactory, worlds: dict[str, World]) -> dict[str, World]:
+    pytest.importorskip("tokenizers")
+    tmp = tmp_path_factory.mktemp("ll_text")
+    enc = tmp / "umt5"
+    enc.mkdir()
+    model, enc = write_longlive_dir(tmp), write_umt5_dir(enc)
+    args = cli._parser().parse_args(
+        ["serve", "--model", str(model), "--text-encoder", str(enc), "--device", "cpu"]
+    )
+    return cli._load(args.model, args) | {"tiny": worlds["tiny"]}
+
+
+async def _step(ws, seq: int) -> m.Frames:
+    await send(ws, m.Step(seq=seq, actions=IDLE))
+    got = await recv(ws)
+    assert isinstance(got, m.Frames), got
+    return got
+
+
+def test_a_switch_changes_the_chunks_after_it_only(worlds: dict[str, World]) -> None:
+    async def main() -> None:
+        async with serving(worlds, default_model="longlive") as server:
+            plain, switched = await dial(server), await dial(server)
+            for ws in (plain, switched):
+                await send(ws, m.Open(mode="lockstep", codec="raw", seed=3, prompt=PROMPT))
+                await recv_until(ws, m.Ready)
+            for seq in (1, 2):
+                a, b = await _step(plain, seq), await _step(switched, seq)
+                assert np.array_equal(a.data, b.data) and b.prompt_seq is None
+            await send(switched, m.PromptSwitch(seq=3, text=OTHER))
+            assert await recv(switched) == m.Prompted(seq=3)
+            a, b = await _step(plain, 4), await _step(switched, 4)
+            assert b.prompt_seq == 3 and a.prompt_seq is None
+            assert not np.array_equal(a.data, b.data)
+            c = await _step(switched, 5)
+            assert c.prompt_seq is None  # only the first chunk under it says so
+            for ws in (plain, switched):
+                await ws.close()
+
+    run(main())
+
+
+def test_a_bad_prompt_is_invalid_field_and_the_session_goes_on(worlds: dict[str, World]) -> None:
+    async def main() -> None:
+        async with serving(worlds, default_model="longlive") as server:
+            ws = await dial(server)
+            await send(ws, m.Open(mode="lockstep", codec="raw", seed=3, prompt=PROMPT))
+            await recv_until(ws, m.Ready)
+            first = await _step(ws, 1)
+            await send(ws, m.PromptSwitch(seq=2, text=TOO_LONG))
+            err = await recv(ws)
+            assert isinstance(err, m.Error) and err.code == "invalid_field" and not err.fatal, err
+            assert err.seq == 2 and err.message.startswith("text:") and "at most 16" in err.message
+            second = await _step(ws, 3)
+            assert second.prompt_seq is None and second.chunk == first.chunk + 1
+            await ws.close()
+
+            ws = await dial(server)  # a world without prompts
+            await send(ws, m.Open(model="tiny", mode="lockstep", codec="raw"))
+            await recv_until(ws, m.Ready)
+            await send(ws, m.PromptSwitch(seq=1, text=PROMPT))
+            err = await recv(ws)
+            assert isinstance(err, m.Error) and err.code == "invalid_field", err
+            assert "takes no prompt" in err.message
+            await _step(ws, 2)
+            await ws.close()
+
+    run(main())
+
+
+def test_a_cancelled_switch_is_dropped(worlds: dict[str, World]) -> None:
+    async def main() -> None:
+        async with serving(worlds, default_model="longlive", debug_hooks=True) as server:
+            ws = await dial(server)
+            slow = m.DebugHooks(step_delay_ms=200)
+            await send(ws, m.Open(mode="lockstep", codec="raw", seed=3, prompt=PROMPT, debug=slow))
+            await recv_until(ws, m.Ready)
+            await send(ws, m.PromptSwitch(seq=1, text=OTHER))
+            assert await recv(ws) == m.Prompted(seq=1)
+            await send(ws, m.Step(seq=2, actions=IDLE))
+            await send(ws, m.Cancel(seq=3))
+            got = await recv_until(ws, m.Cancelled)
+            assert got[-1] == m.Cancelled(seq=3, chunk=1, prompt_seq=1), got
+            after = await _step(ws, 4)
+            assert after.prompt_seq is None
+            await ws.close()
+            # the same chunk of a session that never switched
+            ws = await dial(server)
+            await send(ws, m.Open(mode="lockstep", codec="raw", seed=3, prompt=PROMPT, debug=slow))
+            await recv_until(ws, m.Ready)
+            assert np.array_equal((await _step(ws, 1)).data, after.data)
+            await ws.close()
+
+    run(main())
+
+
+def test_sdk_session_prompt(worlds: dict[str, World]) -> None:
+    async def main() -> None:
+        async with serving(worlds, default_model="longlive") as server:
+            async with aio.connect(server.url, mode="lockstep", codec="raw", seed=3, prompt=PROMPT) as s:
+                await s.step({})
+                seq = await s.prompt(OTHER)
+                switched = await s.step({})
+                with pytest.raises(Exception, match="at most 16"):
+                    await s.prompt(TOO_LONG)
+                forked = await s.fork()
+                after = await s.step({})
+            async with aio.connect(server.url, mode="lockstep", codec="raw", seed=3, prompt=PROMPT) as s:
+                await s.step({})
+                assert not np.array_equal(await s.step({}), switched)
+            async with aio.connect(server.url, resume=forked, codec="raw") as f:  # the fork has OTHER
+                assert np.array_equal(await f.step({}), after)
+            assert seq > 0
+
+    run(main())
