@@ -6,8 +6,6 @@ goes on; the SDK's `session.prompt`; a cancelled switch is dropped (`cancelled.p
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
