@@ -137,3 +137,25 @@ def test_sdk_session_prompt(worlds: dict[str, World]) -> None:
             assert seq > 0
 
     run(main())
+
+
+def test_the_latest_waiting_prompt_wins(worlds: dict[str, World]) -> None:
+    async def main() -> None:
+        async with serving(worlds, default_model="longlive") as server:
+            once, twice = await dial(server), await dial(server)
+            for ws in (once, twice):
+                await send(ws, m.Open(mode="lockstep", codec="raw", seed=3, prompt=PROMPT))
+                await recv_until(ws, m.Ready)
+                await _step(ws, 1)
+            await send(twice, m.PromptSwitch(seq=2, text="a blue boat"))
+            assert await recv(twice) == m.Prompted(seq=2)
+            await send(twice, m.PromptSwitch(seq=3, text=OTHER))  # replaces seq 2 before any chunk
+            assert await recv(twice) == m.Prompted(seq=3)
+            await send(once, m.PromptSwitch(seq=3, text=OTHER))
+            assert await recv(once) == m.Prompted(seq=3)
+            a, b = await _step(once, 4), await _step(twice, 4)
+            assert a.prompt_seq == b.prompt_seq == 3 and np.array_equal(a.data, b.data)
+            for ws in (once, twice):
+                await ws.close()
+
+    run(main())
