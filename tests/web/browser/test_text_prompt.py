@@ -57,8 +57,7 @@ def test_a_typed_prompt_opens_and_resets_a_text_world(open_page: OpenPage, text_
     (error,) = s["errors"]
     assert error["code"] == "invalid_field" and not error["fatal"] and "at most 16" in error["message"], error
     assert "at most 16" in page.page.inner_text("#banner")
-    assert (
-        text_server.manager.get(s["sessionId"]).cond.prompt == "a red car on a beach"
-    )  # the session went on
+    went_on = text_server.manager.get(s["sessionId"])
+    assert went_on.cond.prompt == "a red car on a beach"  # the session went on under its prompt
     page.wait(PLAYING)
     page.screenshot()
