@@ -159,3 +159,22 @@ def test_the_latest_waiting_prompt_wins(worlds: dict[str, World]) -> None:
                 await ws.close()
 
     run(main())
+
+
+def test_sdk_realtime_chunks_say_which_is_the_first_under_a_prompt(worlds: dict[str, World]) -> None:
+    async def main() -> None:
+        async with (
+            serving(worlds, default_model="longlive") as server,
+            aio.connect(server.url, codec="raw", seed=3, prompt=PROMPT) as s,
+        ):
+            first = await s.next_chunk()
+            assert first is not None and first.prompt_seq is None
+            seq = await s.prompt(OTHER)
+            seen = []
+            while not seen or seen[-1].prompt_seq is None:
+                chunk = await s.next_chunk()
+                assert chunk is not None
+                seen.append(chunk)
+            assert seen[-1].prompt_seq == seq and len(seen) <= 3  # at most the chunks queued before it
+
+    run(main())
