@@ -2,13 +2,18 @@
 encoder (`serve --text-encoder DIR`): `prompted`, then the next chunk is generated under the new
 prompt and its `frames` carry `prompt_seq`; frames before it are those of a session that never
 switched; a world without prompts or a prompt over the limit is `invalid_field` and the session
-goes on; the SDK's `session.prompt`; a cancelled switch is dropped (`cancelled.prompt_seq`)."""
+goes on; the SDK's `session.prompt`; a cancelled switch is dropped (`cancelled.prompt_seq`); the
+new prompt is encoded on the prompt worker."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
+import torch
 
+from models.text_prompts import EncodedPrompts
 from models.world import World
 from tests.fixtures.golden.served import write_longlive_dir, write_umt5_dir
 from tests.web.conftest import dial, recv, recv_until, run, send, serving
@@ -178,3 +183,32 @@ def test_sdk_realtime_chunks_say_which_is_the_first_under_a_prompt(worlds: dict[
             assert seen[-1].prompt_seq == seq and len(seen) <= 3  # at most the chunks queued before it
 
     run(main())
+
+
+def test_a_switch_is_encoded_on_the_prompt_worker(worlds: dict[str, World]) -> None:
+    source = worlds["longlive"].prompts
+    assert isinstance(source, EncodedPrompts)
+    threads: list[str] = []
+    encode = source.encoder.encode_ids
+
+    def spy(ids: list[int]) -> torch.Tensor:
+        threads.append(threading.current_thread().name)
+        return encode(ids)
+
+    source.encoder.encode_ids = spy  # type: ignore[method-assign]
+    try:
+
+        async def main() -> None:
+            async with serving(worlds, default_model="longlive") as server:
+                ws = await dial(server)
+                await send(ws, m.Open(mode="lockstep", codec="raw", seed=3, prompt=PROMPT))
+                await recv_until(ws, m.Ready)
+                await send(ws, m.PromptSwitch(seq=1, text="a green field at noon"))
+                assert await recv(ws) == m.Prompted(seq=1)
+                assert (await _step(ws, 2)).prompt_seq == 1
+                await ws.close()
+
+        run(main())
+    finally:
+        del source.encoder.encode_ids
+    assert threads and set(threads) == {"worldserve-prompts"}
