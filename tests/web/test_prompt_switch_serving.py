@@ -203,7 +203,7 @@ def test_a_switch_is_encoded_on_the_prompt_worker(worlds: dict[str, World]) -> N
                 ws = await dial(server)
                 await send(ws, m.Open(mode="lockstep", codec="raw", seed=3, prompt=PROMPT))
                 await recv_until(ws, m.Ready)
-                await send(ws, m.PromptSwitch(seq=1, text="a green field at noon"))
+                await send(ws, m.PromptSwitch(seq=1, text="a red castle"))
                 assert await recv(ws) == m.Prompted(seq=1)
                 assert (await _step(ws, 2)).prompt_seq == 1
                 await ws.close()
