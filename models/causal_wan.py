@@ -154,6 +154,9 @@ class CausalWanConfig:
     # {"name": ..., settings}: extra input channels a registered function computes from the
     # latents (`InputFeatures`); None: the latents alone
     input_features: dict | None = None
+    # keep each row's clean latents of its cached frames (a pool extra, "latents"): what a prompt
+    # switch's re-cache recomputes the K/V from (WorldConfig.prompt_switch "recache")
+    keep_latents: bool = False
 
     @property
     def dim(self) -> int:
@@ -191,10 +194,14 @@ class CausalWanConfig:
 
     def row_extras(self, latent_pixels: int, slack_frames: int = 0) -> dict[str, tuple[int, ...]]:
         """Per-row pool tensors besides K/V (`KVPool` extras) for latents of `latent_pixels` = h*w:
+        the clean latents of the cached frames (`keep_latents`: frame slots, out_channels, h*w),
         the I2V conditioning (channels, cond_frames, h*w), the Matrix-Game raw action ring and its
         keyboard K/V (action layers, frame slots, heads, 64). `slack_frames` latent frames of room
         for a second chunk in flight (runtime/kv_cache.py)."""
         out: dict[str, tuple[int, ...]] = {}
+        if self.keep_latents:
+            frames = self.sink_frames + self.window_frames + slack_frames
+            out["latents"] = (frames, self.out_channels, latent_pixels)
         if self.in_channels > self.out_channels:
             out["cond"] = (self.in_channels - self.out_channels, max(self.cond_frames, 1), latent_pixels)
         a = self.action

@@ -75,6 +75,9 @@ class ModelSpec:
     prompts: bool = False  # sessions may send a text prompt (open/reset/generate `prompt`)
 
 
+PROMPT_SWITCHES = ("plain", "recache")  # WorldConfig.prompt_switch values
+
+
 @dataclass
 class WorldConfig:
     """Serving settings of a world (stored as worldserve.json beside the weights)."""
@@ -90,6 +93,13 @@ class WorldConfig:
     )
     description: str = ""
     text_prompts: bool = False  # sessions may bring a prompt (resolved by `World.prompts`)
+    # At a prompt switch (text worlds): "plain" changes only the text K/V; "recache" (LongLive's)
+    # also recomputes the K/V of the frames kept in the window under the new prompt.
+    prompt_switch: str = "plain"
+
+    def __post_init__(self) -> None:
+        if self.prompt_switch not in PROMPT_SWITCHES:
+            raise ValueError(f"prompt_switch {self.prompt_switch!r}: one of {list(PROMPT_SWITCHES)}")
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -135,6 +145,7 @@ class WorldState:
     start_latents: torch.Tensor | None = None  # (C, 1, h, w) image latent until the runner prefills it
     # The world's plug-in state (`models.plugin`): None until the plug-in makes one, or without one.
     plugin_state: PluginState | None = None
+    prompt: str | None = None  # the prompt in force after a switch (None: the one it opened with)
 
 
 @dataclass
@@ -226,6 +237,8 @@ class World:
             config.width // decoder.spatial + decoder.margin_cells,
         )
         self.tokens_per_frame = transformer.tokens_per_frame(*self.latent_shape[1:])
+        if config.text_prompts and config.prompt_switch == "recache":
+            tcfg.keep_latents = True  # the re-cache recomputes K/V from them (before any pool exists)
         if tcfg.action is not None and tcfg.action.frames_per_latent != decoder.layout.frames_per_latent:
             raise ValueError("action frames_per_latent must equal the decoder's temporal factor")
         self.action_space = tcfg.action.space if tcfg.action is not None else ActionSpace()
@@ -433,6 +446,41 @@ class World:
     def scrub_state(self, state: WorldState) -> None:
         """Clear non-finite values a rolled-back chunk left in the state's pool row."""
         self.transformer._pool().scrub_row(state.row)
+
+    @torch.no_grad()
+    def stage_prompt_row(self, src_row: int, prompt: str) -> tuple[int, int]:
+        """A prompt switch's own pool row: a free row holding a copy of `src_row` with `prompt`'s
+        text K/V; returns (row, lease). ConditioningError for a prompt this world cannot take,
+        ModelError when no row is free. `src_row` is only read."""
+        text = self._prompt_text(prompt)
+        row, lease = self._lease_row()
+        try:
+            self.transformer._pool().copy_row(src_row, row)
+            self.transformer.set_text(row, text.to(self.device, self.dtype))
+        except Exception:
+            self._free_row(row, lease)
+            raise
+        return row, lease
+
+    def free_row(self, row: int, lease: int) -> None:
+        """Give a (row, lease) back (a no-op when the lease no longer holds it)."""
+        self._free_row(row, lease)
+
+    @torch.no_grad()
+    def recache(self, index: ChunkIndex) -> None:
+        """LongLive's re-cache: the K/V of the frames `index` writes, recomputed from their kept
+        clean latents (`CausalWanConfig.keep_latents`) under the row's text, in one clean pass in
+        which they attend to each other (and the rows' other valid frames) without a causal mask."""
+        pool = self.transformer._pool()
+        t = self.tokens_per_frame
+        slots = index.write[:, ::t] // t  # (B, n) frame slots
+        lat = pool.latents[0].index_select(0, index.rows)  # (B, frame slots, C, h*w)
+        x = torch.gather(lat, 1, slots[:, :, None, None].expand(-1, -1, *lat.shape[2:]))
+        _, h, w = self.latent_shape
+        x = x.transpose(1, 2).unflatten(3, (h, w))  # (B, C, n, h, w)
+        sigma = self.config.context_noise
+        tt = torch.full((x.shape[0],), sigma * self.config.schedule.num_train, device=self.device)
+        self.transformer.forward_chunk(x.to(self.dtype), tt, index, None, need_output=False)
 
     def release_state(self, state: WorldState) -> None:
         """Give a state's pool row back (the state must not run again). Idempotent."""
@@ -765,6 +813,11 @@ class World:
         x = x0 if sigma == 0 or noise is None else add_noise(x0, noise, sigma)
         tt = torch.full((x0.shape[0],), sigma * self.config.schedule.num_train, device=self.device)
         self._context_fn(x, tt, index, self._actions(actions))
+        if self.transformer.cfg.keep_latents:  # kept beside their K/V, for a re-cache
+            pool = self.transformer._pool()
+            slots = index.write[:, :: self.tokens_per_frame] // self.tokens_per_frame
+            lat = pool.latents[0]
+            lat.index_put_((index.rows[:, None], slots), x0.transpose(1, 2).flatten(3).to(lat.dtype))
 
     def _eager_denoise(
         self, x: torch.Tensor, t: torch.Tensor, index: ChunkIndex, actions: torch.Tensor | None

@@ -187,7 +187,7 @@ class Batch:
 
     def _index(self) -> ChunkIndex:
         live = set(self.live)
-        rows = [t.stream.state.row if i in live else None for i, t in enumerate(self.txns)]
+        rows = [t.row if i in live else None for i, t in enumerate(self.txns)]
         starts = [t.latent_start for t in self.txns]
         w = self.world
         return self.layout.index(rows, starts, self.n, w.pad_row, self.size, w.device)

@@ -119,6 +119,32 @@ class KVLayout:
             rows=dev[:, 0], write=dev[:, 2 : 2 + nt], valid=dev[:, 2 + nt :].bool(), frame_offset=dev[:, 1]
         )
 
+    def recache_frames(self, committed: int) -> range:
+        """The frames a prompt switch after `committed` frames re-caches (LongLive's rule): the
+        last sink + window frames, all of them while there are no more; beyond that the last
+        `window` frames (the sinks keep the K/V they have)."""
+        span = self.sink_frames + self.window_frames
+        first = 0 if committed <= span else committed - self.window_frames
+        return range(first, committed)
+
+    def recache_index(self, row: int, committed: int, device: torch.device | str = "cpu") -> ChunkIndex:
+        """The `ChunkIndex` of the re-cache pass of row `row` after `committed` (> 0) frames: it
+        writes the `recache_frames` and attends to them and the sinks."""
+        frames = self.recache_frames(committed)
+        t = self.tokens_per_frame
+        slots = np.array([self.slot_of(f) for f in frames])
+        write = (slots[:, None] * t + np.arange(t)[None, :]).reshape(1, -1)
+        valid = np.zeros((1, self.capacity_frames), dtype=bool)
+        valid[0, [self.slot_of(f) for f in range(min(self.sink_frames, committed))]] = True
+        valid[0, slots] = True
+        dev = torch.device(device)
+        return ChunkIndex(
+            rows=torch.tensor([row], device=dev),
+            write=torch.from_numpy(write).to(dev),
+            valid=torch.from_numpy(valid).to(dev),
+            frame_offset=torch.tensor([frames.start], device=dev),
+        )
+
     def committed_view(self, pool: KVPool, row: int, committed: int, n_next: int) -> dict[str, torch.Tensor]:
         """The K/V of pool row `row` a next chunk of `n_next` frames would read, in frame order
         (for tests and export); text K/V whole."""

@@ -10,17 +10,20 @@ every block's output (forward hooks), the context pass, and the final latents. `
 gives the max abs difference per stored output.
 
 The noise draws are swapped at `World.noise_batch` (the one place a served chunk's noise enters),
-and `World.denoise` / `World.context` are wrapped on the instance to record their traffic (an
+and `World.denoise` / `World.context` are wrapped on the instance to record their traffic
+(`World.recache`, a prompt switch's re-cache, records nothing: the original's is not stored; an
 image-conditioned golden also swaps `World.conditioner`, below); all are restored afterwards. One
 stream runs, so batches have one entry.
 
 A family's inputs come from `INPUTS[family]`: the session's Conditioning and each chunk's
 actions, built from the golden's stored conditioning. Self-Forcing: `prompt_embeds` as the
-session's text, no actions. Matrix-Game 2.0: the world's image conditioner (CLIP tower + VAE
-encoder) is swapped for `GoldenConditioner`, which hands every session the golden's
-`cond_concat` / `visual_context` (so the start image the session sends is a placeholder), and
-the golden's video-rate `keyboard` / `mouse` rows become protocol frame actions
-(`golden_actions`), split into chunks as the served path consumes them. Other families are
+session's text, no actions. LongLive: the same, and a golden's `switch_frame_indices` become
+`prompt` switches on the chunks that start there, its segments' embeddings served by
+`GoldenPrompts` in place of the world's prompt source. Matrix-Game 2.0: the world's image
+conditioner (CLIP tower + VAE encoder) is swapped for `GoldenConditioner`, which hands every
+session the golden's `cond_concat` / `visual_context` (so the start image the session sends
+is a placeholder), and the golden's video-rate `keyboard` / `mouse` rows become protocol frame
+actions (`golden_actions`), split into chunks as the served path consumes them. Other families are
 `ParityUnsupported`.
 """
 
@@ -128,6 +131,40 @@ def _self_forcing_inputs(world: World, golden: Golden) -> tuple[Conditioning, li
     return cond, [[] for _ in range(golden.meta["rollout"]["chunks"])]
 
 
+class GoldenPrompts:
+    """A prompt source (`models.world.PromptSource`) of a switching golden's segments: prompt
+    "segment i" is its `prompt_embeds.i` (segment 0: `prompt_embeds`)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    @staticmethod
+    def name(segment: int) -> str:
+        """The prompt text that stands for a segment."""
+        return f"segment {segment}"
+
+    def _key(self, prompt: str) -> str:
+        i = int(prompt.removeprefix("segment "))
+        return "prompt_embeds" if i == 0 else f"prompt_embeds.{i}"
+
+    def problem(self, prompt: str) -> str | None:
+        """None for a segment the golden has."""
+        ok = prompt.startswith("segment ") and prompt[8:].isdigit() and self._key(prompt) in self.tensors
+        return None if ok else f"the golden has no prompt {prompt!r}"
+
+    def embed(self, prompt: str) -> torch.Tensor:
+        """The segment's stored embeddings (L, text_dim)."""
+        return self.tensors[self._key(prompt)][0]
+
+
+def switches(golden: Golden, chunk_frames: int) -> dict[int, str]:
+    """Golden chunk index -> the prompt it switches to (`rollout.switch_frame_indices`)."""
+    frames = golden.meta["rollout"].get("switch_frame_indices", [])
+    if any(f % chunk_frames for f in frames):
+        raise ValueError(f"golden switch frames {frames} are not at chunk boundaries of {chunk_frames}")
+    return {f // chunk_frames: GoldenPrompts.name(i + 1) for i, f in enumerate(frames)}
+
+
 class GoldenConditioner:
     """Stands in for an I2V world's image conditioner (CLIP tower + VAE encoder): every session
     gets the original's conditioning stored in the golden, whatever image it sends."""
@@ -182,6 +219,7 @@ def _matrix_game_inputs(world: World, golden: Golden) -> tuple[Conditioning, lis
 # family -> (world, golden) -> the session's conditioning and each chunk's frame actions
 INPUTS: dict[str, Callable[[World, Golden], tuple[Conditioning, list[list[FrameAction]]]]] = {
     "self-forcing": _self_forcing_inputs,
+    "longlive": _self_forcing_inputs,
     "matrix-game-2": _matrix_game_inputs,
 }
 
@@ -233,6 +271,7 @@ class _Recorder:
         self.base = 1  # engine chunk number of golden chunk 0 (set by `replay`)
         self.hooks: list = []
         self.conditioner = world.conditioner  # restored on exit
+        self.prompts = world.prompts  # restored on exit
 
     # -- the swapped / wrapped World methods ----------------------------------------------------
 
@@ -276,19 +315,29 @@ class _Recorder:
         self.chunk += 1
         self.step = 0
 
+    def recache(self, orig, index) -> None:
+        # a prompt switch's re-cache: no stored output to compare (the golden records none), its
+        # effect shows in every call after it
+        self.label = f"c{self.chunk}.recache"
+        orig(index)
+
     def _put(self, name: str, value: torch.Tensor) -> None:
-        self.values[name] = value.detach().float().cpu()
+        if not self.label.endswith("recache"):
+            self.values[name] = value.detach().float().cpu()
 
     # -- install / remove -----------------------------------------------------------------------
 
     def __enter__(self) -> _Recorder:
         w = self.world
-        den, ctx = w.denoise, w.context
+        den, ctx, rc = w.denoise, w.context, w.recache
+        w.recache = lambda *a, **k: self.recache(rc, *a, **k)  # type: ignore[method-assign]
         w.noise_batch = self.noise_batch  # type: ignore[method-assign]
         w.denoise = lambda *a, **k: self.denoise(den, *a, **k)  # type: ignore[method-assign]
         w.context = lambda *a, **k: self.context(ctx, *a, **k)  # type: ignore[method-assign]
         if "cond_concat" in self.golden.tensors:
             w.conditioner = GoldenConditioner(self.golden.tensors)  # type: ignore[assignment]
+        if "prompt_embeds.1" in self.golden.tensors:  # a switching golden's segments
+            w.prompts = GoldenPrompts(self.golden.tensors)
         for i, blk in enumerate(w.transformer.blocks):
             self.hooks.append(blk.register_forward_hook(self._block_hook(i)))
         return self
@@ -300,9 +349,10 @@ class _Recorder:
         return hook
 
     def __exit__(self, *exc: object) -> None:
-        for name in ("noise_batch", "denoise", "context"):
+        for name in ("noise_batch", "denoise", "context", "recache"):
             self.world.__dict__.pop(name, None)  # back to the class's methods
         self.world.conditioner = self.conditioner
+        self.world.prompts = self.prompts
         for h in self.hooks:
             h.remove()
 
@@ -311,13 +361,19 @@ def replay(world: World, golden: Golden) -> dict[str, torch.Tensor]:
     """Run the golden rollout through `world` behind a real Engine; the recorded values by name."""
     check(world, golden)
     cond, actions = INPUTS[golden.family](world, golden)
+    prompts = switches(golden, world.chunk_frames)
+    if prompts and not world.config.text_prompts:
+        raise ValueError(f"the golden switches prompts; model {world.config.id} takes no prompt")
     engine = Engine({world.config.id: world}, max_batch=1, max_streams=1)
     with _Recorder(world, golden) as rec:
         engine.add_stream(STREAM, world.config.id, cond)
         try:
             rec.base = engine.runner.streams[STREAM].state.chunks + 1
-            for chunk_actions in actions:
-                engine.submit(ChunkRequest(STREAM, engine.new_request_id(), actions=chunk_actions))
+            for c, chunk_actions in enumerate(actions):
+                req = ChunkRequest(
+                    STREAM, engine.new_request_id(), actions=chunk_actions, prompt=prompts.get(c)
+                )
+                engine.submit(req)
                 outcomes = []
                 while engine.has_work():
                     outcomes += engine.step()

@@ -43,6 +43,9 @@ class ChunkRequest:
     request_id: int  # unique per engine; outcomes carry it
     actions: Sequence[FrameAction] | None = None
     source: ActionSource | None = None
+    # A prompt switch this chunk carries (text worlds): it is generated under `prompt`, which is
+    # in force from its commit on; a cancelled / rolled-back chunk leaves the old one.
+    prompt: str | None = None
     submitted_at: float = 0.0  # time.perf_counter() at submit, for the queue timing
     scheduled_at: float = 0.0  # time.perf_counter() when first put in a batch (0: not yet)
 

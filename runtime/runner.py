@@ -40,14 +40,14 @@ import numpy as np
 import torch
 
 from models.actions import FrameAction, group_actions
-from models.world import Conditioning, PreparedConditioning, World
+from models.world import Conditioning, ModelError, PreparedConditioning, World
 from runtime.batch import Batch, InjectedFault, RunnerOutput, StageClock, is_fatal
 from runtime.errors import NotRetained
 from runtime.history import Checkpoint, ChunkHistory
 from runtime.kv_cache import KVLayout
 from runtime.plan import ScheduledChunk, StepPlan
 from runtime.requests import DebugHooks
-from runtime.transaction import Stream, Transaction, TxnStatus
+from runtime.transaction import PromptSwitch, Stream, Transaction, TxnStatus
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,7 @@ class Runner:
         self.owed: list[Batch] = []  # deferred: committed batches whose clean pass has not run
         self._computed: Batch | None = None  # computed by `execute`, decoded by `decode`
         self._again: list[tuple[str, ScheduledChunk]] = []  # (model, chunk) to re-run alone in `decode`
+        self._no_row: list[ScheduledChunk] = []  # prompt switches that found no free row: run later
         self._side: dict[torch.device, torch.cuda.Stream] = {}
 
     # -- stream ownership -----------------------------------------------------------------------
@@ -254,6 +255,8 @@ class Runner:
         while self._again:
             model, sc = self._again.pop(0)
             self._run_alone(model, sc)
+        self.out.requeue += self._no_row
+        self._no_row = []
         return self.out
 
     def _owe(self, batch: Batch) -> None:
@@ -337,7 +340,35 @@ class Runner:
             txn.rollback()
             self.out.failed.append((txn, f"reading actions failed: {type(exc).__name__}: {exc}"))
             return None
+        if req.prompt is not None and not self._switch(sc, txn, world):
+            return None
         return txn
+
+    def _switch(self, sc: ScheduledChunk, txn: Transaction, world: World) -> bool:
+        """Stage the chunk's prompt switch in a pool row of its own (`PromptSwitch`): a copy of the
+        row it would run on, the new text K/V, and with `prompt_switch` "recache" the K/V of the
+        kept frames recomputed under the new prompt. False (the transaction rolled back): no row
+        is free now (the chunk runs in a later step) or the switch failed (reported in `out`)."""
+        assert sc.request.prompt is not None
+        if world.free_rows == 0:
+            txn.rollback()
+            self._no_row.append(sc)
+            return False
+        try:
+            row, lease = world.stage_prompt_row(txn.row, sc.request.prompt)
+            txn.switch = PromptSwitch(sc.request.prompt, row, lease, world.free_row)
+            if world.config.prompt_switch == "recache" and txn.latent_start > 0:
+                world.recache(
+                    self.layouts[txn.stream.model_id].recache_index(row, txn.latent_start, world.device)
+                )
+        except (ModelError, ValueError, RuntimeError) as exc:
+            if is_fatal(exc):
+                raise
+            log.exception("prompt switch of %s failed", sc.stream_id)
+            txn.rollback()
+            self.out.failed.append((txn, f"prompt switch failed: {exc}"))
+            return False
+        return True
 
     @torch.no_grad()
     def prefill(self, stream_id: str) -> np.ndarray | None:

@@ -5,11 +5,13 @@ stage     records what the chunk produced: K/V sit in scratch slots past the com
           (or, where the runner defers the clean pass, are written right after commit, before
           anything reads them), the new decoder cache is a private object, frames are on the host.
 commit    atomically advances the KV length (eviction is implicit in the ring, sinks stay),
-          swaps the decoder cache (and the world's plug-in state), advances the RNG key and the
-          frame counters, appends to the action log, notes the new position in the stream's
-          rewind history (runtime/history.py) — and only then is a `ChunkCommitted` (with
+          swaps the decoder cache (and the world's plug-in state; with a prompt switch, the pool
+          row the switch was staged in), advances the RNG key and the frame counters, appends to
+          the action log, notes the new position in the stream's rewind history
+          (runtime/history.py) — and only then is a `ChunkCommitted` (with
           its frames) handed out.
-rollback  drops the stage. Nothing committed was written, so the world is bit-identical to
+rollback  drops the stage (a prompt switch's staged row goes back to the pool). Nothing
+          committed was written, so the world is bit-identical to
           before and the stream can run its next chunk at once.
 
 Where this sits among the planes and how a cancel reaches it: docs/ARCHITECTURE.md.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +51,19 @@ class Stream:
     fault_fired: bool = False  # DebugHooks.fail_at_chunk fires once
     lost: str | None = None  # why its K/V cannot be trusted (an owed clean pass failed); a reset clears it
     history: ChunkHistory = field(default_factory=lambda: ChunkHistory(0))  # what a rewind returns to
+
+
+@dataclass
+class PromptSwitch:
+    """A chunk's prompt switch, staged in a pool row of its own: a copy of the row the chunk would
+    have run on, with the new prompt's text K/V (and, re-caching, the kept frames' K/V recomputed
+    under it). The chunk runs on that row; its commit makes it the stream's row and frees the old
+    one, a rollback frees it, so the old prompt and K/V stay exactly as they were."""
+
+    prompt: str
+    row: int  # the staged pool row
+    lease: int
+    free: Callable[[int, int], None]  # gives a (row, lease) back to the world's pool
 
 
 class TxnStatus(enum.Enum):
@@ -90,6 +106,7 @@ class Transaction:
         # The session's plug-in state after this chunk (`WorldPlugin.advance`), set by the
         # denoise: its commit installs it, and a chunk run on top reads it.
         self.plugin_state: PluginState | None = None
+        self.switch: PromptSwitch | None = None  # set by the runner when the request switches prompts
         if after is None:
             st = stream.state
             self.chunk = st.chunks + 1  # the chunk number a commit would create
@@ -101,6 +118,14 @@ class Transaction:
             self.frame0 = after.frame0 + len(after.actions)
         self.status = TxnStatus.OPEN
         self._staged: Staged | None = None
+
+    @property
+    def row(self) -> int:
+        """The pool row the chunk runs on: its staged switch row, else that of the chunk it runs on
+        top of, else its stream's."""
+        if self.switch is not None:
+            return self.switch.row
+        return self.after.row if self.after is not None else self.stream.state.row
 
     def _set_status(self, status: TxnStatus) -> None:
         log.debug(
@@ -130,6 +155,12 @@ class Transaction:
         st.start_latents = None
         if self.plugin_state is not None:
             st.plugin_state = self.plugin_state
+        if self.switch is not None:  # the staged row becomes the stream's; the old one goes back
+            sw = self.switch
+            sw.free(st.row, st.lease)
+            st.row, st.lease, st.prompt = sw.row, sw.lease, sw.prompt
+            # The old row and prompt are gone: no rewind can return to before this chunk.
+            self.stream.history.clear()
         self.stream.action_log.append(self.actions)
         self.stream.history.record(st, s.frames[-1] if s.frames.shape[0] else None)
         self._set_status(TxnStatus.COMMITTED)
@@ -148,6 +179,9 @@ class Transaction:
         if self.status in (TxnStatus.COMMITTED, TxnStatus.ROLLED_BACK):
             raise RuntimeError(f"rollback() on a {self.status.value} transaction")
         self._staged = None
+        if self.switch is not None:  # the old prompt and K/V were never touched
+            self.switch.free(self.switch.row, self.switch.lease)
+            self.switch = None
         if self.request.source is not None:
             self.request.source.give_back(self.actions)
         self._set_status(TxnStatus.ROLLED_BACK)

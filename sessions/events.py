@@ -17,6 +17,7 @@ class FramesEvent:
     action_seq: int  # seq of the last client action applied to this chunk (-1: none yet)
     timings: dict[str, float] = field(default_factory=dict, repr=False)  # ms per stage
     resent: bool = False  # re-delivered after a resume (the client may have it already)
+    prompt_seq: int | None = None  # the `prompt` switch this chunk is the first chunk under
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class CancelledEvent:
 
     seq: int
     chunk: int
+    prompt_seq: int | None = None  # a `prompt` switch the cancelled chunks carried (dropped)
 
 
 @dataclass(frozen=True)

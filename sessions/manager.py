@@ -543,6 +543,22 @@ class SessionManager:
             if self.spill is not None:
                 self.spill.remove(session_id)
 
+    async def switch_prompt(self, session: Session, seq: int, text: str) -> None:
+        """A `prompt` switch: checked (invalid_field `text` for a world without prompts or a
+        prompt it cannot take; the session goes on), encoded off the loop and the engine thread,
+        then handed to the session for its next chunk."""
+        session._check_live()
+        if not session.spec.prompts:
+            raise InvalidInput(f"model {session.spec.id} takes no prompt", field="text")
+        problem = self.engine.prompt_problem(session.spec.id, text) if text else "an empty prompt"
+        if problem is not None:
+            raise InvalidInput(problem, field="text")
+        try:
+            await self._prepare_prompt(session.spec.id, text)
+        except InvalidInput as exc:  # the encoder refused it: name the message's field
+            raise InvalidInput(str(exc), field="text") from exc
+        session.switch_prompt(seq, text)
+
     # -- one-shot -------------------------------------------------------------------------------
 
     async def generate(

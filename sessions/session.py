@@ -26,7 +26,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -107,6 +107,7 @@ class _Pending:
     kind: Literal["realtime", "step"]
     seq: int | None  # client seq of the step (lockstep) or None
     source: ChunkSource | None  # realtime action source (knows the action seq applied)
+    prompt: tuple[int, str] | None = None  # (seq, text) of the `prompt` switch the chunk carries
 
 
 @dataclass
@@ -118,6 +119,7 @@ class _CancelWait:
     waiting: set[int]  # request ids not yet resolved
     first: int | None = None  # the smallest chunk number cancelled so far
     answered: asyncio.Future[None] | None = None  # set once its `cancelled` went out (reset waits on it)
+    prompt_seq: int | None = None  # a prompt switch one of the cancelled chunks carried
 
 
 @dataclass
@@ -162,12 +164,18 @@ class Session:
         self.frame: np.ndarray | None = None  # (H, W, 3) uint8 latest committed frame (start frame first)
         self._chunk_base = 0  # session chunk = base + engine chunk (resets restart the engine count)
         self._high = 0  # the highest chunk of the current world (a rewind's retention counts from it)
+        # No rewind reaches before this chunk: the engine keeps no history from before a prompt
+        # switch (the world moved to another row and prompt) or a restore.
+        self._floor = 0
         self._frame_base = 0
         self._resetting = False  # a reset or rewind is between its cancel and its `ready`: nothing new starts
         self._holds = 0  # snapshots in progress (`hold`): nothing new starts
         self._quiet: list[asyncio.Future[None]] = []  # `hold`s waiting for the outstanding chunks
         self._pending: dict[int, _Pending] = {}
         self._cancels: list[_CancelWait] = []  # cancels waiting for their chunks to resolve
+        # A `prompt` switch (seq, text) waiting for the next chunk submitted: one at most, the
+        # latest wins (see `switch_prompt`).
+        self._prompt_next: tuple[int, str] | None = None
         # Unacked chunks kept for a resume. Realtime never has more than max_ahead unacked; in
         # lockstep at most MAX_STEPS_QUEUED chunks can commit while nobody listens, so those are
         # always kept, and older unacked ones (already delivered) go first.
@@ -239,6 +247,7 @@ class Session:
         self._frame_base = src._frame_base
         self.last_chunk = self.acked = src._chunk_base + info.chunks
         self._high = max(src._high, self.last_chunk)  # the copied row holds the same ring
+        self._floor = src._floor
         self.frames_out = src._frame_base + info.video_frames
         self.frame = src.frame
         self.detach()
@@ -361,6 +370,7 @@ class Session:
             wait = _CancelWait(seq, set(self._pending), answered=loop.create_future())
             self._cancels.append(wait)
         self._resetting = True
+        self._prompt_next = None  # the new world starts from its own prompt
         try:
             try:
                 info = await self._et.reset_stream(self.id, cond)
@@ -406,7 +416,7 @@ class Session:
             raise RateLimited("a reset or rewind is in progress; send the rewind after its `ready`")
         if chunk > self.last_chunk:
             raise InvalidInput(f"chunk {chunk} has not been sent (last is {self.last_chunk})", field="chunk")
-        oldest = max(self._chunk_base, self._high - self._et.retention)
+        oldest = max(self._chunk_base, self._floor, self._high - self._et.retention)
         if chunk < oldest:
             raise NotRetained(self._not_retained(chunk, oldest))
         wait: _CancelWait | None = None
@@ -446,6 +456,32 @@ class Session:
             f"{oldest} (the last is {self.last_chunk}; retention {self._et.retention} chunks)"
         )
 
+    # -- prompt switches --------------------------------------------------------------------------
+
+    def switch_prompt(self, seq: int, text: str) -> None:
+        """Generate from the next chunk submitted on under `text` (already checked and encoded
+        by the manager). That chunk's `frames` carry `prompt_seq` = `seq`; if it is cancelled or
+        fails, the switch is dropped with it (the old prompt stays; a `cancelled` names it). A
+        switch still waiting for its chunk is replaced by a newer one."""
+        self._check_live()
+        if self._resetting:
+            raise RateLimited("a reset is in progress; send the prompt after its `ready`")
+        self._prompt_next = (seq, text)
+        self._pump()
+
+    def _take_prompt(self) -> tuple[int, str] | None:
+        """The waiting switch, for the chunk being submitted."""
+        prompt, self._prompt_next = self._prompt_next, None
+        return prompt
+
+    def _prompt_committed(self, entry: _Pending) -> int | None:
+        """The switch a committed chunk carried is now the session's prompt (a reset without
+        `prompt` and a fork keep it); returns its seq."""
+        if entry.prompt is None:
+            return None
+        self.cond = replace(self.cond, prompt=entry.prompt[1], text=None)
+        return entry.prompt[0]
+
     # -- engine traffic -------------------------------------------------------------------------
 
     def _pump(self) -> None:
@@ -472,15 +508,24 @@ class Session:
     ) -> None:
         rid = self._et.new_request_id()
         source = ChunkSource(self.buffer) if kind == "realtime" else None
-        request = ChunkRequest(self.id, rid, actions=actions, source=source, submitted_at=time.perf_counter())
+        prompt = self._take_prompt()
+        request = ChunkRequest(
+            self.id,
+            rid,
+            actions=actions,
+            source=source,
+            prompt=None if prompt is None else prompt[1],
+            submitted_at=time.perf_counter(),
+        )
         try:
             fut = self._et.submit(request)
         except CapacityError as exc:
+            self._prompt_next = self._prompt_next or prompt  # not submitted: still waiting
             raise RateLimited(str(exc)) from exc
         except EngineDeadError as exc:
             self.finish(SessionStatus.FAILED)
             raise SessionFailed(str(exc)) from exc
-        self._pending[rid] = _Pending(kind, seq, source)
+        self._pending[rid] = _Pending(kind, seq, source, prompt)
         fut.add_done_callback(lambda f, rid=rid: self._on_outcome(rid, f))
 
     def _on_outcome(self, rid: int, fut: asyncio.Future[Outcome]) -> None:
@@ -505,10 +550,10 @@ class Session:
             return  # `closed` answered it
         if outcome is not None:
             self._handle(outcome, entry)
-        self._resolve_cancels(rid, outcome)
+        self._resolve_cancels(rid, outcome, entry)
         self._pump()
 
-    def _resolve_cancels(self, rid: int, outcome: Outcome | None) -> None:
+    def _resolve_cancels(self, rid: int, outcome: Outcome | None, entry: _Pending | None = None) -> None:
         """A cancel is answered once every chunk outstanding when it came has resolved, naming
         the first chunk that did not commit. Outcomes may arrive in any order (a queued chunk's
         cancel can come before the running one's), so the smallest cancelled chunk wins; chunks
@@ -520,12 +565,14 @@ class Session:
             if isinstance(outcome, ChunkCancelled):
                 chunk = self._chunk_base + outcome.chunk
                 wait.first = chunk if wait.first is None else min(wait.first, chunk)
+                if entry is not None and entry.prompt is not None:
+                    wait.prompt_seq = entry.prompt[0]
             if not wait.waiting:
                 self._cancels.remove(wait)
                 self._answer(wait, wait.first or self.last_chunk + 1)
 
     def _answer(self, wait: _CancelWait, chunk: int) -> None:
-        self._emit(CancelledEvent(wait.seq, chunk))
+        self._emit(CancelledEvent(wait.seq, chunk, wait.prompt_seq))
         if wait.answered is not None and not wait.answered.done():
             wait.answered.set_result(None)
 
@@ -540,9 +587,12 @@ class Session:
                 frames=outcome.frames,
                 action_seq=action_seq,
                 timings=outcome.timings.as_dict(),
+                prompt_seq=self._prompt_committed(entry),
             )
             self.last_chunk = event.chunk
             self._high = max(self._high, event.chunk)
+            if event.prompt_seq is not None:
+                self._floor = event.chunk
             self.frames_out = event.frame0 + event.frames.shape[0]
             self.frame = event.frames[-1]
             self.totals.add(event.timings)
@@ -620,7 +670,7 @@ class Session:
         detached (attach with its token)."""
         self._chunk_base = int(rec["chunk_base"])
         self._frame_base = int(rec["frame_base"])
-        self.last_chunk = self._high = self._chunk_base + info.chunks
+        self.last_chunk = self._high = self._floor = self._chunk_base + info.chunks
         self.frames_out = self._frame_base + info.video_frames
         self.frame = arrays.get("frame")
         self.paused = bool(rec.get("paused", False))

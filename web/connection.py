@@ -93,6 +93,7 @@ class Connection:
             "resume": self._resume,
             "reset": self._reset,
             "rewind": self._rewind,
+            "prompt": self._prompt,
             "fork": self._fork,
             "ack": self._ack,
             "ping": self._ping,
@@ -506,6 +507,13 @@ class Connection:
     async def _rewind(self, msg: m.Rewind) -> None:
         # answered by `ready` (the session's ReadyEvent) or `not_retained` (the session goes on)
         await self._live(msg).rewind(msg.seq, msg.chunk)
+
+    async def _prompt(self, msg: m.PromptSwitch) -> None:
+        # answered by `prompted` once encoded, then the `frames` of the first chunk under it carry
+        # `prompt_seq`; a world without prompts or a prompt it cannot take is invalid_field `text`
+        # (the session goes on under its old prompt)
+        await self.manager.switch_prompt(self._live(msg), msg.seq, msg.text)
+        self.pipeline.put(m.Prompted(seq=msg.seq))
 
     async def _fork(self, msg: m.Fork) -> None:
         session = self._live(msg)

@@ -112,12 +112,13 @@ def frames(event: FramesEvent, codec: m.Codec, chunk: EncodedChunk, encode_ms: f
         data=chunk.data,
         action_seq=event.action_seq if event.action_seq >= 0 else None,  # -1: no action applied yet
         timings={**event.timings, "encode": round(encode_ms, 3)},
+        prompt_seq=event.prompt_seq,
     )
 
 
 def cancelled(event: CancelledEvent) -> m.Cancelled:
     """``cancelled`` for a session's cancel event."""
-    return m.Cancelled(seq=event.seq, chunk=event.chunk)
+    return m.Cancelled(seq=event.seq, chunk=event.chunk, prompt_seq=event.prompt_seq)
 
 
 def done(event: DoneEvent) -> m.Done:

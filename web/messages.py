@@ -68,6 +68,8 @@ __all__ = [
     "Pause",
     "Ping",
     "Pong",
+    "PromptSwitch",
+    "Prompted",
     "Ready",
     "Reset",
     "Restore",
@@ -314,6 +316,16 @@ class Reset(_Message):
     prompt: Prompt | None = None
 
 
+class PromptSwitch(_Message):
+    """Switch a text world's prompt mid-session (an addition to v1, docs/PROTOCOL.md "Prompt
+    switching"): answered by ``prompted`` once encoded; the next chunk started after that is
+    generated under it, and its ``frames`` carry ``prompt_seq`` = ``seq``."""
+
+    type: Literal["prompt"] = "prompt"
+    seq: Seq
+    text: Prompt
+
+
 class Fork(_Message):
     """Copy the committed world into a new detached session (answered by ``forked``)."""
 
@@ -440,6 +452,7 @@ class Frames(_Message):
     data: bytes | Annotated[tuple[bytes, ...], Field(strict=False)] | FramesArray
     action_seq: Seq | None = None
     timings: Timings = Field(default_factory=dict)
+    prompt_seq: Seq | None = None  # the first chunk under the `prompt` switch of this seq
 
     @model_validator(mode="after")
     def _data_matches(self) -> Self:
@@ -461,6 +474,15 @@ class Cancelled(_Message):
     type: Literal["cancelled"] = "cancelled"
     seq: Seq
     chunk: Chunk
+    prompt_seq: Seq | None = None  # a `prompt` switch a rolled-back chunk carried: dropped
+
+
+class Prompted(_Message):
+    """The ``prompt`` switch ``seq`` is encoded and waits for its chunk: the next chunk started
+    is generated under it (its ``frames`` carry ``prompt_seq``)."""
+
+    type: Literal["prompted"] = "prompted"
+    seq: Seq
 
 
 class Forked(_Message):
@@ -578,6 +600,7 @@ ClientMessage = Annotated[
     | Pause
     | Resume
     | Reset
+    | PromptSwitch
     | Fork
     | Ack
     | Ping
@@ -589,7 +612,7 @@ ClientMessage = Annotated[
     Field(discriminator="type"),
 ]
 ServerMessage = Annotated[
-    Ready | Frames | Cancelled | Forked | Done | Pong | Error | Closed | Saved,
+    Ready | Frames | Cancelled | Prompted | Forked | Done | Pong | Error | Closed | Saved,
     Field(discriminator="type"),
 ]
 Message = ClientMessage | ServerMessage

@@ -29,7 +29,7 @@ from diffusers import AutoencoderKLWan
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from models.convert import clip, fastvideo, matrix_game, self_forcing, wan_vae
+from models.convert import clip, fastvideo, longlive, matrix_game, self_forcing, wan_vae
 from models.convert.keymap import ConversionError
 from models.convert.kinds import KINDS
 from models.convert.sources import list_keys, read_state
@@ -57,10 +57,12 @@ class Converted:
 
 
 def classify(path: Path) -> str:
-    """What a source file is: "transformer", "vae" or "clip" (directories are transformers)."""
+    """What a source file is: "transformer", "lora", "vae" or "clip" (directories are transformers)."""
     if path.is_dir():
         return "transformer"
-    keys = set(list_keys(path, self_forcing.PICK))
+    keys = set(list_keys(path, self_forcing.PICK + longlive.LORA_PICK))
+    if longlive.is_lora(list(keys)):
+        return "lora"
     if any(k.startswith(("visual.", "textual.")) for k in keys):
         return "clip"
     if "encoder.conv1.weight" in keys and "decoder.conv1.weight" in keys:
@@ -82,9 +84,15 @@ def convert_sources(
         parts[role] = src
     if "transformer" not in parts:
         raise ConversionError("no transformer checkpoint among the sources")
+    if "lora" in parts and kind != "longlive":
+        raise ConversionError(f"{parts['lora']}: a LoRA only belongs to --from longlive")
     bar = tqdm(total=len(parts), unit="file", desc="read + check", disable=not progress)
-    conv = _transformer(kind, parts["transformer"], original)
-    bar.update(1)
+    if kind == "longlive":
+        conv = _longlive(parts["transformer"], parts.get("lora"), original)
+        bar.update(1 + ("lora" in parts))
+    else:
+        conv = _transformer(kind, parts["transformer"], original)
+        bar.update(1)
     if "vae" in parts:
         conv.vae = wan_vae.convert(parts["vae"], (original or {}).get("vae"))  # --config "vae": sizes
         bar.update(1)
@@ -100,7 +108,7 @@ def convert_sources(
         conv.requires.append("clip_vision")
     bar.close()
     conv.sources = [{"file": p.name, "role": r} for r, p in parts.items()]
-    if conv.vae is not None and conv.family == "self-forcing":
+    if conv.vae is not None and conv.family in ("self-forcing", "longlive"):
         conv.serving["decoder"] = {"kind": "wan"}
     return conv
 
@@ -158,6 +166,32 @@ def _self_forcing(state: dict, variant: str, original: dict) -> Converted:
         family="self-forcing",
         variant=variant,
         original=original,
+        transformer=state,
+        transformer_config=mcfg.diffusers_config(),
+        requires=["text_prompts"],
+        inference=inf,
+        serving={"world": world, "transformer": mcfg.to_dict()},
+    )
+
+
+def _longlive(base: Path, lora: Path | None, original: dict | None) -> Converted:
+    """LongLive: the base generator with its LoRA merged; the world re-caches at a prompt switch."""
+    if lora is None:
+        raise ConversionError("--from longlive needs the LoRA (lora.pt) beside longlive_base.pt")
+    state, mcfg = longlive.convert(base, lora, original)
+    full = longlive.PUBLISHED | (original or {})
+    inf = dict(longlive.INFERENCE)
+    inf |= {"local_attn_size": full["local_attn_size"], "sink_size": full["sink_size"]}
+    inf |= {"adapter": longlive.ADAPTER | (full.get("adapter") or {}), "lora": "merged at convert time"}
+    inf |= {k: int(full[k]) for k in ("height", "width") if k in full}
+    world = served_world(
+        inf, "longlive", False, "LongLive (interactive causal Wan2.1-T2V-1.3B), base + LoRA merged"
+    )
+    world["prompt_switch"] = "recache"
+    return Converted(
+        family="longlive",
+        variant="t2v-1.3b" if original is None else "custom",
+        original=original or {},
         transformer=state,
         transformer_config=mcfg.diffusers_config(),
         requires=["text_prompts"],

@@ -81,3 +81,18 @@ def test_committed_view_is_frame_ordered():
 def test_chunk_larger_than_window_is_refused():
     with pytest.raises(ValueError, match="window"):
         KVLayout(0, 2, 1).write_slots(0, 3)
+
+
+@pytest.mark.parametrize("slack", [0, 3])
+def test_recache_rewrites_every_frame_within_the_span_then_the_window_only(slack):
+    lay = KVLayout(sink_frames=3, window_frames=9, tokens_per_frame=2, slack_frames=slack)
+    assert lay.recache_frames(6) == range(0, 6)  # all 6 cached frames, the sinks among them
+    assert lay.recache_frames(12) == range(0, 12)  # the span exactly: still all of them
+    assert lay.recache_frames(15) == range(6, 15)  # beyond: the last 9, the sinks keep theirs
+    idx = lay.recache_index(row=1, committed=15)
+    frames = [lay.slot_of(f) for f in range(6, 15)]
+    assert idx.rows.tolist() == [1] and idx.frame_offset.tolist() == [6]
+    assert (idx.write[0, ::2] // 2).tolist() == frames
+    assert np.flatnonzero(idx.valid[0].numpy()).tolist() == sorted({0, 1, 2, *frames})
+    early = lay.recache_index(row=0, committed=6)
+    assert np.flatnonzero(early.valid[0].numpy()).tolist() == list(range(6))

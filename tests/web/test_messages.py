@@ -42,6 +42,7 @@ def test_every_protocol_type_has_one_model() -> None:
         "pause",
         "resume",
         "reset",
+        "prompt",
         "fork",
         "ack",
         "ping",
@@ -51,7 +52,18 @@ def test_every_protocol_type_has_one_model() -> None:
         "snapshot",  # v1 additions: save games
         "restore",
     ]
-    server_types = ["ready", "frames", "cancelled", "forked", "done", "pong", "error", "closed", "saved"]
+    server_types = [
+        "ready",
+        "frames",
+        "cancelled",
+        "prompted",
+        "forked",
+        "done",
+        "pong",
+        "error",
+        "closed",
+        "saved",
+    ]
     assert sorted(m.CLIENT_TYPES) == sorted(client_types)
     assert sorted(m.SERVER_TYPES) == sorted(server_types)
 

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from runtime.parity import load_golden
 from tests.fixtures.golden import GOLDEN
-from tests.fixtures.golden.served import write_matrix_game_dir, write_self_forcing_dir
+from tests.fixtures.golden.served import write_longlive_dir, write_matrix_game_dir, write_self_forcing_dir
 from web.cli import main
 
 SF = GOLDEN / "self_forcing_rollout.safetensors"
@@ -81,3 +81,11 @@ def test_a_tampered_matrix_game_golden_exits_non_zero(mg_dir: Path, tmp_path: Pa
 def test_a_golden_the_model_cannot_replay_is_a_clear_error(sf_dir: Path, capsys) -> None:
     assert main(["parity", "--model", str(sf_dir), "--golden", str(MG)]) == 2
     assert "is image-conditioned, model" in capsys.readouterr().err
+
+
+def test_longlive_switching_parity_passes(tmp_path: Path, capsys) -> None:
+    ll = write_longlive_dir(tmp_path)
+    golden = GOLDEN / "longlive_rollout.safetensors"
+    assert main(["parity", "--model", str(ll), "--golden", str(golden)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["pass"] and summary["family"] == "longlive" and summary["compared"] == 169

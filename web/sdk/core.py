@@ -2,9 +2,10 @@
 
 A transport feeds every server message to :meth:`ClientCore.receive` and waits until
 :meth:`ClientCore.take` has the reply it wants. Keys: ``("ready", None)``, ``("step", seq)`` (the
-chunk a lockstep step made), ``("cancelled", seq)``, ``("forked", seq)``, ``("pong", t)``,
-``("done", None)``. Every chunk is decoded (H.264 needs them all) but handed out once: after a
-resume the server re-sends unacked chunks, and those already received are dropped here. A
+chunk a lockstep step made), ``("cancelled", seq)``, ``("forked", seq)``, ``("prompted", seq)``,
+``("pong", t)``, ``("done", None)``. Every chunk is decoded (H.264 needs them all) but handed out
+once: after a resume the server re-sends unacked chunks, and those already received are dropped
+here. A
 ``ready``'s ``frame`` (the world's latest frame: an image-started world's start frame) is decoded
 too: ``ready.frame`` is an (H, W, 3) uint8 array or None.
 """
@@ -164,6 +165,8 @@ class ClientCore:
             self._reply(("forked", msg.seq), msg)
         elif isinstance(msg, m.Saved):
             self._reply(("saved", msg.seq), msg)
+        elif isinstance(msg, m.Prompted):
+            self._reply(("prompted", msg.seq), msg)
         elif isinstance(msg, m.Pong):
             self._reply(("pong", msg.t), msg)
         elif isinstance(msg, m.Done):
@@ -197,7 +200,7 @@ class ClientCore:
         if msg.chunk <= self.received:
             return  # re-sent after a resume, and we have it
         self.received = msg.chunk
-        chunk = Chunk(msg.chunk, msg.frame0, frames, msg.action_seq, dict(msg.timings))
+        chunk = Chunk(msg.chunk, msg.frame0, frames, msg.action_seq, dict(msg.timings), msg.prompt_seq)
         key = ("step", msg.action_seq)
         if key in self._awaited:
             self._reply(key, chunk)

@@ -188,6 +188,15 @@ class Session:
         seq = self.core.next_seq()
         return await self._call(m.Rewind(seq=seq, chunk=chunk), REWIND, seq)
 
+    async def prompt(self, text: str) -> int:
+        """Switch a text world's prompt: returns once the server encoded it (``prompted``), with
+        the message's seq; the next chunk (lockstep: the next :meth:`step`) is generated under it
+        and its :class:`Chunk` carries ``prompt_seq`` = that seq. InvalidField for a world
+        without prompts or a prompt it cannot take (the session goes on)."""
+        seq = self.core.next_seq()
+        await self._call(m.PromptSwitch(seq=seq, text=text), ("prompted", seq), seq)
+        return seq
+
     async def fork(self) -> str:
         """Copy the committed world into a new detached session; its resume token."""
         seq = self.core.next_seq()

@@ -202,6 +202,12 @@ class Client(BaseWorld):
         seq = self.core.next_seq()
         return self._call(m.Rewind(seq=seq, chunk=chunk), REWIND, seq)
 
+    def prompt(self, text: str) -> int:
+        """Switch a text world's prompt (the async `Session.prompt`); the message's seq."""
+        seq = self.core.next_seq()
+        self._call(m.PromptSwitch(seq=seq, text=text), ("prompted", seq), seq)
+        return seq
+
     def fork(self) -> str:
         """Copy the committed world into a new detached session; its resume token."""
         seq = self.core.next_seq()

@@ -18,6 +18,7 @@ class Chunk:
     frames: np.ndarray = field(repr=False)  # (T, H, W, 3) uint8 RGB (H.264 after a drop: may be fewer)
     action_seq: int | None  # seq of the last action applied (lockstep: the step's seq); None: none yet
     timings: dict[str, float] = field(default_factory=dict, repr=False)  # server ms per stage
+    prompt_seq: int | None = None  # the first chunk under the `prompt` switch of this seq (`prompt`)
 
 
 @dataclass(frozen=True)

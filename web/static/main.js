@@ -59,7 +59,8 @@ const state = (window.__worldserve = {
   forks: [], // resume tokens of forks made here
   startImage: null, // {name, width, height} of the start image sent with the last open, or null
   imageProblem: null, // why the start image could not be used, or null
-  prompt: null, // the prompt sent with the last open / reset (text worlds), or null
+  prompt: null, // the prompt in force (text worlds): sent with open / reset, or switched to; or null
+  promptSwitches: 0, // `prompt` switches that took effect (their first chunk arrived)
 });
 const models = new Map(); // model id -> its /v1/models entry
 
@@ -200,12 +201,18 @@ $("start-image").addEventListener("change", (e) => {
   e.target.blur();
   if (stream.live) start(); // reset keeps the session's image: a new picture needs a new session
 });
+// Enter: start the world, or switch a running one to the prompt typed (it goes on from where it
+// is); Shift+Enter (or Reset): a fresh world with it.
 $("prompt").addEventListener("keydown", (e) => {
   if (e.key !== "Enter") return;
   e.preventDefault();
   e.target.blur(); // back to the game keys
-  if (stream.live) reset();
-  else start();
+  if (!stream.live) start();
+  else if (e.shiftKey) reset();
+  else {
+    const prompt = typedPrompt(models.get(state.model ?? $("model").value));
+    if (prompt) stream.switchPrompt(prompt);
+  }
 });
 $("codec").addEventListener("change", (e) => {
   e.target.blur();

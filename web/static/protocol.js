@@ -6,7 +6,7 @@
 import { decode, encode } from "./msgpack.js";
 
 export const PROTOCOL_VERSION = 1;
-export const SERVER_TYPES = new Set(["ready", "frames", "cancelled", "forked", "done", "pong", "error", "closed"]);
+export const SERVER_TYPES = new Set(["ready", "frames", "cancelled", "prompted", "forked", "done", "pong", "error", "closed"]);
 export const CODECS = ["h264", "jpeg", "raw"];
 
 export class ProtocolError extends Error {}
@@ -146,6 +146,7 @@ export const client = {
     seed: Number.isSafeInteger(seed) ? seed : undefined,
     prompt: prompt || undefined, // none: the session keeps its prompt
   }),
+  prompt: (seq, text) => ({ type: "prompt", seq, text }), // text worlds: switch mid-session
   fork: (seq) => ({ type: "fork", seq }),
   rewind: (seq, chunk) => ({ type: "rewind", seq, chunk }), // a v1 addition: answered by `ready`
   ping: (t) => ({ type: "ping", t }),

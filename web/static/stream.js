@@ -32,6 +32,7 @@ export class Stream {
     });
     this.decoder = null;
     this.forkTab = null; // the tab opened for a fork, waiting for `forked`
+    this.pendingPrompt = null; // {seq, text} of a `prompt` switch not yet in a chunk
     this.stillGen = 0; // counts ready frames: a slow decode of an older one is not drawn
     this.held = false; // ⟲ back is held down
     this.rewinding = null; // the chunk of the `rewind` sent and not answered yet
@@ -103,6 +104,7 @@ export class Stream {
   }
 
   reset(seed, prompt) {
+    this.pendingPrompt = null; // a new world starts from its own prompt
     this.conn.send(client.reset(this.conn.nextSeq(), seed, prompt));
   }
 
@@ -129,6 +131,14 @@ export class Stream {
     this.held = false;
     if (this.pausedForScrub) this.conn.pause(false);
     this.pausedForScrub = false;
+  }
+
+  /** Switch a text world's prompt, keeping the world: the next chunk is generated under it (the
+   * first chunk's `frames.prompt_seq` names it; state.prompt follows then). */
+  switchPrompt(text) {
+    const seq = this.conn.nextSeq();
+    this.pendingPrompt = { seq, text };
+    this.conn.send(client.prompt(seq, text));
   }
 
   /** Fork; `tab` (opened during the click, so no popup blocker stops it) gets the copy. */
@@ -215,7 +225,15 @@ export class Stream {
       case "cancelled":
         state.cancels++;
         if (this.rewinding !== null) return; // a rewind cancels what was in flight: no news
+        if (msg.prompt_seq !== undefined && msg.prompt_seq === this.pendingPrompt?.seq) {
+          this.pendingPrompt = null;
+          hud.say(`Chunk ${msg.chunk} was cancelled, and the prompt switch with it; the world is as it was.`, { level: "info" });
+          return;
+        }
         hud.say(`Chunk ${msg.chunk} was cancelled; the world is as it was.`, { level: "info" });
+        return;
+      case "prompted":
+        hud.say("New prompt: the next chunk follows it.", { level: "info" });
         return;
       case "closed":
         hud.say(closedText(msg.reason), { level: msg.reason === "closed" ? "info" : "error", sticky: true });
@@ -296,6 +314,11 @@ export class Stream {
     if (this.lastReceived && msg.chunk > this.lastReceived + 1) state.gaps += msg.chunk - this.lastReceived - 1;
     this.lastReceived = state.chunkReceived = msg.chunk;
     state.timings = msg.timings;
+    if (msg.prompt_seq !== undefined && msg.prompt_seq === this.pendingPrompt?.seq) {
+      state.prompt = this.pendingPrompt.text; // the first chunk under the new prompt
+      state.promptSwitches++;
+      this.pendingPrompt = null;
+    }
     if (!this.decoder || this.decoder.name !== msg.codec) return;
     const meta = { chunk: msg.chunk, frame0: msg.frame0, actionSeq: msg.action_seq ?? null, recvAt: performance.now() };
     this.decoder.decode(msg, this.player.add(meta, msg.count));

@@ -1,6 +1,7 @@
 """The page's prompt box for text worlds, against a tiny Self-Forcing world served with a tiny
-UMT5 text encoder: a typed prompt opens the world, Enter on a new one resets into it, and a
-prompt over the world's text length is refused in words while the session goes on."""
+UMT5 text encoder: a typed prompt opens the world, Enter on a new one switches the running world
+to it (`prompt`: the world goes on), Shift+Enter resets into one, and a prompt over the world's
+text length is refused in words while the session goes on."""
 
 from __future__ import annotations
 
@@ -42,15 +43,21 @@ def test_a_typed_prompt_opens_and_resets_a_text_world(open_page: OpenPage, text_
     session = text_server.manager.get(s["sessionId"])
     assert session.cond.prompt == "a red car on a beach" and s["prompt"] == "a red car on a beach"
     page.page.fill("#prompt", "a castle at night")
-    page.page.press("#prompt", "Enter")
-    s = page.wait("s.worlds === 2")
+    page.page.press("#prompt", "Enter")  # a switch: the same world goes on under it
+    s = page.wait("s.promptSwitches === 1")
+    assert s["worlds"] == 1 and s["prompt"] == "a castle at night"
     assert text_server.manager.get(s["sessionId"]).cond.prompt == "a castle at night"
+    page.page.fill("#prompt", "a red car on a beach")
+    page.page.press("#prompt", "Shift+Enter")  # a fresh world with it
+    s = page.wait("s.worlds === 2")
+    assert text_server.manager.get(s["sessionId"]).cond.prompt == "a red car on a beach"
     page.page.fill("#prompt", "a long road " * 8)  # 25 tokens: this world takes 16
     page.page.press("#prompt", "Enter")
     s = page.wait("s.errors.length > 0")
     (error,) = s["errors"]
     assert error["code"] == "invalid_field" and not error["fatal"] and "at most 16" in error["message"], error
     assert "at most 16" in page.page.inner_text("#banner")
-    assert text_server.manager.get(s["sessionId"]).cond.prompt == "a castle at night"  # the session went on
+    went_on = text_server.manager.get(s["sessionId"])
+    assert went_on.cond.prompt == "a red car on a beach"  # the session went on under its prompt
     page.wait(PLAYING)
     page.screenshot()
