@@ -801,29 +801,12 @@ class EngineThread:
 
     def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Run `fn(*args)` on the engine thread between steps; the future holds its result."""
-        if self._dead is not None:
-            raise EngineDeadError(str(self._dead))
-        fut: asyncio.Future[T] = self.loop.create_future()
-        with self._flock:
-            self._calls.add(fut)
 
-        def job() -> None:
-            with self._flock:
-                self._calls.discard(fut)
-            try:
-                result = fn(*args)
-            except Exception as exc:  # handed to the caller, the engine goes on
-                self.loop.call_soon_threadsafe(_set_exception, fut, exc)
-            else:
-                self.loop.call_soon_threadsafe(_set_result, fut, result)
+        def answer(*args_and_reply: Any) -> None:
+            *given, reply = args_and_reply
+            reply(fn(*given))
 
-        try:
-            self._put(job)
-        except CapacityError:
-            with self._flock:
-                self._calls.discard(fut)
-            raise
-        return fut
+        return self.call_deferred(answer, *args)
 
     def call_deferred(self, fn: Callable[..., None], *args: Any) -> asyncio.Future[Any]:
         """Run `fn(*args, reply)` on the engine thread between steps; the future holds what

@@ -430,8 +430,15 @@ class Connection:
         except SessionError as exc:
             error = convert.protocol_error(exc, None)
             raise replace_fatal(error, error.code in OPEN_FATAL) from exc
+        await self._take_new(session, msg.codec)
+        if self.debug:
+            log.debug("= session %s opened (%s, %s)", session.id, session.spec.id, session.mode)
+
+    async def _take_new(self, session: Session, codec: m.Codec) -> None:
+        """Attach a session this connection just created (`open`, `restore`) with its encoder;
+        closed again if the encoder cannot be made or the client left while it was being built."""
         try:
-            encoder, info = await self._encoder(msg.codec, session.spec)
+            encoder, info = await self._encoder(codec, session.spec)
         except BaseException:
             await self.manager.close(session)
             raise
@@ -440,8 +447,6 @@ class Connection:
             return
         self.created.append(session)
         self._attach(session, encoder, info)
-        if self.debug:
-            log.debug("= session %s opened (%s, %s)", session.id, session.spec.id, session.mode)
 
     async def _generate(self, msg: m.Generate) -> None:
         self._check_token(msg.token)
@@ -584,16 +589,7 @@ class Connection:
             session = await self.manager.restore(msg.data, msg.mode, msg.max_ahead)
         except SessionError as exc:
             raise replace_fatal(convert.protocol_error(exc, None), True) from exc
-        try:
-            encoder, info = await self._encoder(msg.codec, session.spec)
-        except BaseException:
-            await self.manager.close(session)
-            raise
-        if self.closing or self.ws.state is not State.OPEN:
-            await self.manager.close(session)
-            return
-        self.created.append(session)
-        self._attach(session, encoder, info)
+        await self._take_new(session, msg.codec)
 
     def suspend(self) -> None:
         """The server is stopping and saved this connection's session: let go of it (it stays
