@@ -524,13 +524,15 @@ class World:
 
     def noise_batch(self, keys: Sequence[tuple[int, int, int] | None], n_frames: int) -> torch.Tensor:
         """(len(keys), C, n, h, w): entry i is `noise(*keys[i], n_frames)`, zeros where keys[i]
-        is None (batch padding). Drawn on the CPU, copied to the device once."""
+        is None (batch padding). Drawn on the CPU into one buffer by one generator, re-seeded per
+        entry (each session's numbers come from its own stateless stream, so they never depend on
+        its batch mates), and copied to the device once."""
         c, h, w = self.latent_shape
         out = torch.zeros((len(keys), c, n_frames, h, w), dtype=torch.float32)
+        gen = torch.Generator()
         for i, key in enumerate(keys):
             if key is not None:
-                gen = torch.Generator().manual_seed(noise_seed(*key))
-                torch.randn((c, n_frames, h, w), generator=gen, out=out[i])
+                torch.randn((c, n_frames, h, w), generator=gen.manual_seed(noise_seed(*key)), out=out[i])
         if self.device.type == "cuda":
             out = out.pin_memory()
         return out.to(self.device, self.dtype, non_blocking=True)
