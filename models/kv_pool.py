@@ -6,11 +6,12 @@ layer, K/V for a fixed number of session *rows* (plus one padding row), each row
 is a `ChunkIndex` of small tensors the runtime computes once per step (runtime/kv_cache.py).
 Text K/V (cross-attention) and the action module's temporal K/V live in the same pool.
 
-Attention reads the pool where it is. Eager (the default, CPU and CUDA), each entry attends over
-a view of its own row, cut at the last slot it reads (`HostIndex.spans`: while a window fills,
-only the filled prefix), with no mask unless that prefix holds a slot it must not read (the ring
-slack of a pipelined decode); text K/V likewise, cut at the row's text length, unmasked. No K/V
-is gathered or copied. Compiled (`World.compile`: one static graph per batch bucket, CUDA graphs
+Attention reads the pool where it is. Eager (the default, CPU and CUDA), the batch's entries on
+consecutive rows (a run) attend in one call over a view of those rows, cut at the last slot any
+of them reads (`HostIndex.spans`: while a window fills, only the filled prefix), with no mask
+unless an entry reads less than that or its prefix holds a slot it must not read (the ring slack
+of a pipelined decode); text K/V likewise, cut at the rows' text length. No K/V is gathered or
+copied. Compiled (`World.compile`: one static graph per batch bucket, CUDA graphs
 need device-resident indices), every entry instead gathers its whole row and reads it under a
 per-slot mask (`ChunkIndex.valid`), so the shapes of a step depend on the batch size only.
 docs/ENGINE.md ("Attention over the pool") has the measurements behind the choice.
