@@ -274,23 +274,41 @@ def _axis_freqs(dim: int, positions: torch.Tensor, theta: float) -> tuple[torch.
     )
 
 
+def spatial_rope(
+    head_dim: int, h: int, w: int, theta: float = 1e4, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (h, w) part of Wan's 3D RoPE: cos, sin (h*w, 2 * (2 * (head_dim // 6))), the same for
+    every frame, so a model builds it once per latent size (`CausalWan.setup_caches`)."""
+    hw_dim = 2 * (head_dim // 6)
+    fh = _axis_freqs(hw_dim, torch.arange(h, device=device), theta)
+    fw = _axis_freqs(hw_dim, torch.arange(w, device=device), theta)
+    return tuple(  # type: ignore[return-value]
+        torch.cat([fh[i][:, None].expand(h, w, -1), fw[i][None].expand(h, w, -1)], dim=-1).reshape(h * w, -1)
+        for i in range(2)
+    )
+
+
 def rope_3d(
-    head_dim: int, frame_pos: torch.Tensor, h: int, w: int, theta: float = 1e4
+    head_dim: int,
+    frame_pos: torch.Tensor,
+    h: int,
+    w: int,
+    theta: float = 1e4,
+    spatial: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Wan's 3D RoPE for frames at RoPE indices `frame_pos` (B, F) int64: cos, sin of
-    (B, F*h*w, 1, head_dim). Frame indices are a tensor, so one call serves a whole batch."""
-    hw_dim = 2 * (head_dim // 6)
-    t_dim = head_dim - 2 * hw_dim
+    (B, F*h*w, 1, head_dim). Frame indices are a tensor, so one call serves a whole batch.
+    `spatial`: the cached `spatial_rope` tables (built here when None); only the frame part,
+    (B, F) positions, is computed per call."""
+    t_dim = head_dim - 4 * (head_dim // 6)
     b, f = frame_pos.shape
+    hw = h * w
     ft = _axis_freqs(t_dim, frame_pos, theta)
-    fh = _axis_freqs(hw_dim, torch.arange(h, device=frame_pos.device), theta)
-    fw = _axis_freqs(hw_dim, torch.arange(w, device=frame_pos.device), theta)
+    sp = spatial if spatial is not None else spatial_rope(head_dim, h, w, theta, frame_pos.device)
     out = []
     for i in range(2):  # cos, then sin
-        t = ft[i].view(b, f, 1, 1, -1).expand(b, f, h, w, -1)
-        hh = fh[i].view(1, 1, h, 1, -1).expand(b, f, h, w, -1)
-        ww = fw[i].view(1, 1, 1, w, -1).expand(b, f, h, w, -1)
-        out.append(torch.cat([t, hh, ww], dim=-1).reshape(b, f * h * w, 1, head_dim))
+        t = ft[i].view(b, f, 1, -1).expand(b, f, hw, -1)
+        out.append(torch.cat([t, sp[i].expand(b, f, hw, -1)], dim=-1).reshape(b, f * hw, 1, head_dim))
     return out[0], out[1]
 
 
@@ -554,6 +572,7 @@ class CausalWan(nn.Module):
         self.proj_out = nn.Linear(dim, cfg.out_channels * math.prod(cfg.patch_size))
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
         self.pool: KVPool | None = None  # set by setup_caches
+        self._spatial_rope: tuple[int, int, torch.Tensor, torch.Tensor] | None = None  # (h, w, cos, sin)
 
     # -- the K/V pool ---------------------------------------------------------------------------
 
@@ -603,6 +622,9 @@ class CausalWan(nn.Module):
             device=device or p.device,
             extras=cfg.row_extras(h * w, slack_frames),
         )
+        ph, pw = cfg.patch_size[1:]
+        cos, sin = spatial_rope(cfg.attention_head_dim, h // ph, w // pw, device=device or p.device)
+        self._spatial_rope = (h // ph, w // pw, cos, sin)
         return self.pool
 
     def null_text(self, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
@@ -680,7 +702,9 @@ class CausalWan(nn.Module):
     ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
         """Once per forward: the 3D RoPE tables and the action module's frame RoPE."""
         _, hh, ww = grid
-        rope = rope_3d(self.cfg.attention_head_dim, frame_pos, hh, ww)
+        cached = self._spatial_rope
+        spatial = cached[2:] if cached is not None and cached[:2] == (hh, ww) else None
+        rope = rope_3d(self.cfg.attention_head_dim, frame_pos, hh, ww, spatial=spatial)
         if self._mg:  # mouse and keyboard share the action RoPE
             return rope, rope_tables(self.cfg.action.mg, frame_pos, hh * ww)
         motion = self._motion_heads

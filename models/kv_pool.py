@@ -6,9 +6,15 @@ layer, K/V for a fixed number of session *rows* (plus one padding row), each row
 is a `ChunkIndex` of small tensors the runtime computes once per step (runtime/kv_cache.py).
 Text K/V (cross-attention) and the action module's temporal K/V live in the same pool.
 
-Every batch entry reads its row's whole slot range under a per-slot mask (`ChunkIndex.valid`), so the shapes
-of one step depend only on the batch size, never on how full a window is: one graph for
-`torch.compile` / CUDA graphs per batch bucket. Padding entries point at the padding row.
+Attention reads the pool where it is. Eager (the default, CPU and CUDA), the batch's entries on
+consecutive rows (a run) attend in one call over a view of those rows, cut at the last slot any
+of them reads (`HostIndex.spans`: while a window fills, only the filled prefix), with no mask
+unless an entry reads less than that or its prefix holds a slot it must not read (the ring slack
+of a pipelined decode); text K/V likewise, cut at the rows' text length. No K/V is gathered or
+copied. Compiled (`World.compile`: one static graph per batch bucket, CUDA graphs
+need device-resident indices), every entry instead gathers its whole row and reads it under a
+per-slot mask (`ChunkIndex.valid`), so the shapes of a step depend on the batch size only.
+docs/ENGINE.md ("Attention over the pool") has the measurements behind the choice.
 
 Row layout along the token axis (frames of `tokens_per_frame` tokens each)::
 
@@ -20,9 +26,29 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+@dataclass(frozen=True)
+class HostIndex:
+    """The host's copy of what each batch entry reads: plain ints, so reading a row in place
+    needs no device value."""
+
+    rows: tuple[int, ...]  # pool row of each entry
+    spans: tuple[int, ...]  # frame slots each entry reads: its row's prefix up to its last valid slot
+    holes: tuple[bool, ...]  # whether that prefix holds slots the entry must not read (a mask is needed)
+
+    @classmethod
+    def of(cls, rows: np.ndarray, valid: np.ndarray) -> HostIndex:
+        """From rows (B,) and the valid frame slots (B, frames) bool (every entry reads its chunk)."""
+        frames = valid.shape[1]
+        spans = frames - np.argmax(valid[:, ::-1], axis=1)
+        inside = np.arange(frames)[None, :] < spans[:, None]
+        holes = (valid & inside).sum(axis=1) < spans
+        return cls(tuple(rows.tolist()), tuple(spans.tolist()), tuple(holes.tolist()))
 
 
 @dataclass
@@ -33,6 +59,14 @@ class ChunkIndex:
     write: torch.Tensor  # (B, n * tokens_per_frame) int64 token slots (within the row) of the chunk
     valid: torch.Tensor  # (B, frame slots) bool: the frame slots the entry attends to (its chunk's included)
     frame_offset: torch.Tensor  # (B,) int64 absolute latent frame of the chunk's first frame (RoPE)
+    host: HostIndex | None = None  # the host's copy of rows and spans (runtime/kv_cache.py builds it)
+
+    def host_index(self) -> HostIndex:
+        """`host`, or for an index built without one (training) derived from the device tensors
+        (a device read: the runtime's indexes always carry theirs)."""
+        if self.host is None:
+            self.host = HostIndex.of(self.rows.cpu().numpy(), self.valid.cpu().numpy())
+        return self.host
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -47,6 +81,12 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
 def _frames_major(x: torch.Tensor, t: int) -> torch.Tensor:
     """(B, F*T, heads, hd) -> (B*T, F, heads, hd): attention then runs along frames per position."""
     return x.unflatten(1, (-1, t)).transpose(1, 2).flatten(0, 1)
+
+
+def motion_slots(token_slots: torch.Tensor, tokens_per_frame: int, frame_slots: int) -> torch.Tensor:
+    """Token slots (frame-major: frame slot * T + position) -> their slots in the action K/V
+    (`KVPool.ak`, position-major: position * frame slots + frame slot)."""
+    return (token_slots % tokens_per_frame) * frame_slots + token_slots // tokens_per_frame
 
 
 class KVPool(nn.Module):
@@ -82,6 +122,8 @@ class KVPool(nn.Module):
         z = dict(dtype=dtype, device=device)
         self.register_buffer("k", torch.zeros(layers, r, capacity, heads, head_dim, **z), persistent=False)
         self.register_buffer("v", torch.zeros_like(self.k), persistent=False)
+        # The action module's temporal K/V, position-major (`motion_slots`): the attention along
+        # frames at every spatial position reads a view of a row.
         shape = (action_layers, r, capacity, action_heads, action_head_dim)
         self.register_buffer("ak", torch.zeros(shape, **z), persistent=False)
         self.register_buffer("av", torch.zeros_like(self.ak), persistent=False)
@@ -95,6 +137,7 @@ class KVPool(nn.Module):
             self.register_buffer(name, torch.zeros(1, r, *shape, **z), persistent=False)
         # Text tokens per row; the padding row attends to one (zero) token so its softmax is finite.
         self.register_buffer("text_len", torch.ones(r, dtype=torch.long, device=device), persistent=False)
+        self.text_lens = [1] * r  # the host's copy of `text_len`: rows are cut at it in place
 
     @property
     def pad_row(self) -> int:
@@ -126,6 +169,7 @@ class KVPool(nn.Module):
         for b in self._buffers_of_rows():
             b[:, dst].copy_(b[:, src])
         self.text_len[dst] = self.text_len[src]
+        self.text_lens[dst] = self.text_lens[src]
 
     @torch.no_grad()
     def clear_row(self, row: int) -> None:
@@ -134,6 +178,7 @@ class KVPool(nn.Module):
         for b in self._buffers_of_rows():
             b[:, row].zero_()
         self.text_len[row] = 1
+        self.text_lens[row] = 1
 
     @torch.no_grad()
     def scrub_row(self, row: int) -> None:
@@ -154,6 +199,7 @@ class KVPool(nn.Module):
         for mine, theirs in zip(self._buffers_of_rows(), other._buffers_of_rows(), strict=True):
             mine[:, :n].copy_(theirs[:, :n])
         self.text_len[:n] = other.text_len[:n]
+        self.text_lens[:n] = other.text_lens[:n]
 
     @torch.no_grad()
     def set_text(self, row: int, k: list[torch.Tensor], v: list[torch.Tensor]) -> None:
@@ -167,6 +213,7 @@ class KVPool(nn.Module):
             self.tk[layer, row, :n] = kl
             self.tv[layer, row, :n] = vl
         self.text_len[row] = n
+        self.text_lens[row] = n
 
     def row_view(self, row: int) -> dict[str, torch.Tensor]:
         """Row `row` of every K/V buffer (views: for tests, export and residency checks)."""
@@ -175,9 +222,43 @@ class KVPool(nn.Module):
         }
 
 
+@dataclass(frozen=True)
+class Run:
+    """Batch entries whose rows follow each other in the pool: one attention call over a view."""
+
+    first: int  # position of its first entry in row order
+    size: int  # entries (rows row .. row + size - 1)
+    row: int  # pool row of its first entry
+    span: int  # frame slots read: the longest of its entries' spans
+    mask: torch.Tensor | None  # (size, 1, 1, span) valid frame slots; None: every entry reads all of span
+
+
+def runs_of(index: ChunkIndex) -> tuple[list[int] | None, list[Run]]:
+    """The order that sorts the batch entries by row (None: already sorted) and its runs of
+    consecutive rows. Entries of a run read one view of the pool; entries with a shorter span
+    or slots they must not read get a mask."""
+    host = index.host_index()
+    b = len(host.rows)
+    order = sorted(range(b), key=lambda i: host.rows[i])
+    valid = index.valid if order == list(range(b)) else index.valid[order]
+    runs, i = [], 0
+    while i < b:
+        j = i + 1
+        while j < b and host.rows[order[j]] == host.rows[order[j - 1]] + 1:
+            j += 1
+        members = order[i:j]
+        span = max(host.spans[m] for m in members)
+        masked = any(host.holes[m] or host.spans[m] != span for m in members)
+        mask = valid[i:j, :span][:, None, None] if masked else None
+        runs.append(Run(i, j - i, host.rows[order[i]], span, mask))
+        i = j
+    return (None if order == list(range(b)) else order), runs
+
+
 class PoolAttention:
-    """The chunk forward's attention: every entry writes its chunk into its row and attends over
-    the row's slots under a per-entry mask; one batched call per layer, no loop over sessions."""
+    """The chunk forward's attention: every entry writes its chunk into its row, then reads its
+    row in place (eager: one call per run of consecutive rows, cut at the run's longest filled
+    prefix) or gathered under a mask (compiled); one write per layer for the whole batch."""
 
     def __init__(
         self,
@@ -192,53 +273,131 @@ class PoolAttention:
         self.tokens_per_frame = tokens_per_frame
         self.rope = rope  # (B, L, 1, head_dim) cos, sin
         self.motion_rope = motion_rope  # (B, L, 1, action head_dim) cos, sin; one position per frame
-        rows, dev = index.rows, index.rows.device
-        t = tokens_per_frame
-        self.self_mask = index.valid.repeat_interleave(t, dim=1)[:, None, None, :]  # (B, 1, 1, cap)
-        tslot = torch.arange(pool.text_tokens, device=dev)
-        text_len = pool.text_len.index_select(0, rows)
-        self.text_mask = (tslot[None] < text_len[:, None])[:, None, None, :]  # (B, 1, 1, text)
-        fmask = index.valid[:, None, None, :]  # (B, 1, 1, frames)
-        self.frame_mask = fmask  # (B, 1, 1, frames)
-        self.motion_mask = fmask.repeat_interleave(t, dim=0)  # (B*T, 1, 1, frames)
+        rows, t = index.rows, tokens_per_frame
         self._put = (rows[:, None], index.write)
         self._put_frames = (rows[:, None], index.write[:, ::t] // t)  # (B, n) frame slots of the chunk
+        self.frame_slots = pool.capacity // t
+        self._put_motion = (rows[:, None], motion_slots(index.write, t, self.frame_slots))
+        # Compiled graphs take shapes that depend on the batch size only: gather under a mask.
+        self.gather = torch.compiler.is_compiling()
+        if self.gather:
+            self._gather_masks(index, t)
+            return
+        order, self.runs = runs_of(index)
+        dev = rows.device
+        self.order = None if order is None else torch.tensor(order, device=dev)
+        self.unorder = (
+            None
+            if order is None
+            else torch.tensor(sorted(range(len(order)), key=order.__getitem__), device=dev)
+        )
+        self.token_masks = [None if r.mask is None else r.mask.repeat_interleave(t, -1) for r in self.runs]
+        # Text: a run reads up to its longest text, masking the shorter ones (pad rows hold one).
+        lens = pool.text_lens
+        self.text_spans = [max(lens[r.row : r.row + r.size]) for r in self.runs]
+        self.text_masks: list[torch.Tensor | None] = []
+        for r, span in zip(self.runs, self.text_spans, strict=True):
+            same = all(n == span for n in lens[r.row : r.row + r.size])
+            slots = torch.arange(span, device=dev)
+            tl = pool.text_len[r.row : r.row + r.size]
+            self.text_masks.append(None if same else (slots[None] < tl[:, None])[:, None, None])
 
-    def _write_read(
-        self, kb: torch.Tensor, vb: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        kb.index_put_(self._put, k.to(kb.dtype))
-        vb.index_put_(self._put, v.to(vb.dtype))
-        rows = self.index.rows
-        return kb.index_select(0, rows), vb.index_select(0, rows)
+    def _gather_masks(self, index: ChunkIndex, t: int) -> None:
+        rows, dev = index.rows, index.rows.device
+        self.self_mask = index.valid.repeat_interleave(t, dim=1)[:, None, None, :]  # (B, 1, 1, cap)
+        tslot = torch.arange(self.pool.text_tokens, device=dev)
+        text_len = self.pool.text_len.index_select(0, rows)
+        self.text_mask = (tslot[None] < text_len[:, None])[:, None, None, :]  # (B, 1, 1, text)
+        self.frame_mask = index.valid[:, None, None, :]  # (B, 1, 1, frames)
+        self.motion_mask = self.frame_mask.repeat_interleave(t, dim=0)  # (B*T, 1, 1, frames)
+
+    def _write(
+        self, kb: torch.Tensor, vb: torch.Tensor, k: torch.Tensor, v: torch.Tensor, put: tuple
+    ) -> None:
+        kb.index_put_(put, k.to(kb.dtype))
+        vb.index_put_(put, v.to(vb.dtype))
+
+    def _sorted(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.order is None else x.index_select(0, self.order)
+
+    def _unsorted(self, outs: list[torch.Tensor]) -> torch.Tensor:
+        o = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return o if self.unorder is None else o.index_select(0, self.unorder)
+
+    def _in_place(
+        self,
+        q: torch.Tensor,
+        kb: torch.Tensor,
+        vb: torch.Tensor,
+        spans: list[int],
+        masks: list[torch.Tensor | None],
+    ) -> torch.Tensor:
+        """q (B, L, heads, hd) over kb, vb (rows + 1, slots, heads, hd): per run one SDPA over the
+        view of its rows cut at its span; never a copy of K/V."""
+        q = self._sorted(q)
+        out = []
+        for r, span, mask in zip(self.runs, spans, masks, strict=True):
+            kk, vv = kb[r.row : r.row + r.size, :span], vb[r.row : r.row + r.size, :span]
+            out.append(sdpa(q[r.first : r.first + r.size], kk.to(q.dtype), vv.to(q.dtype), mask))
+        return self._unsorted(out)
 
     def self_attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v (B, L, heads, hd) post-RoPE -> (B, L, heads, hd)."""
-        kk, vv = self._write_read(self.pool.k[layer], self.pool.v[layer], k, v)
-        return sdpa(q, kk.to(q.dtype), vv.to(q.dtype), self.self_mask)
+        kb, vb = self.pool.k[layer], self.pool.v[layer]
+        self._write(kb, vb, k, v, self._put)
+        if self.gather:
+            rows = self.index.rows
+            kk, vv = kb.index_select(0, rows), vb.index_select(0, rows)
+            return sdpa(q, kk.to(q.dtype), vv.to(q.dtype), self.self_mask)
+        t = self.tokens_per_frame
+        return self._in_place(q, kb, vb, [r.span * t for r in self.runs], self.token_masks)
 
     def cross_attn(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q (B, L, heads, hd) over each entry's text K/V."""
-        rows = self.index.rows
-        kk = self.pool.tk[layer].index_select(0, rows).to(q.dtype)
-        vv = self.pool.tv[layer].index_select(0, rows).to(q.dtype)
-        return sdpa(q, kk, vv, self.text_mask)
+        kb, vb = self.pool.tk[layer], self.pool.tv[layer]
+        if self.gather:
+            rows = self.index.rows
+            kk, vv = kb.index_select(0, rows).to(q.dtype), vb.index_select(0, rows).to(q.dtype)
+            return sdpa(q, kk, vv, self.text_mask)
+        return self._in_place(q, kb, vb, self.text_spans, self.text_masks)
 
     def one_text_value(self, layer: int) -> torch.Tensor | None:
         """Each entry's text V (B, 1, heads, hd) when the rows hold one text token, else None:
         softmax over one key weighs it 1, so `cross_attn` of any query is that V."""
         if self.pool.text_tokens != 1:
             return None
-        return self.pool.tv[layer].index_select(0, self.index.rows)
+        tv = self.pool.tv[layer]
+        if self.gather:
+            return tv.index_select(0, self.index.rows)
+        # a view per run (the attention's output itself, one token a row)
+        return self._unsorted([tv[r.row : r.row + r.size] for r in self.runs])
 
     def motion_attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Temporal attention along frames at every spatial position: q, k, v (B, n*T, heads, hd)."""
         b, nt, heads, hd = q.shape
-        t = self.tokens_per_frame
+        t, f = self.tokens_per_frame, self.frame_slots
         n = nt // t
-        kk, vv = self._write_read(self.pool.ak[layer], self.pool.av[layer], k, v)  # (B, cap, heads, hd)
-        kk, vv = _frames_major(kk, t).to(q.dtype), _frames_major(vv, t).to(q.dtype)
-        o = sdpa(_frames_major(q, t), kk, vv, self.motion_mask)
+        kb, vb = self.pool.ak[layer], self.pool.av[layer]  # position-major rows
+        self._write(kb, vb, k, v, self._put_motion)
+        if self.gather:
+            rows = self.index.rows
+            kk = (
+                kb.index_select(0, rows).flatten(0, 1).unflatten(0, (-1, f)).to(q.dtype)
+            )  # (B*T, F, heads, hd)
+            vv = vb.index_select(0, rows).flatten(0, 1).unflatten(0, (-1, f)).to(q.dtype)
+            o = sdpa(_frames_major(q, t), kk, vv, self.motion_mask)
+        else:
+            qs = _frames_major(self._sorted(q), t)  # (B*T, n, heads, hd) in row order
+            out = []
+            for r in self.runs:
+                # (size*T, span, heads, hd) views: each of its rows' positions along its frame slots
+                kk = kb[r.row : r.row + r.size].unflatten(1, (t, f))[:, :, : r.span].flatten(0, 1)
+                vv = vb[r.row : r.row + r.size].unflatten(1, (t, f))[:, :, : r.span].flatten(0, 1)
+                mask = None if r.mask is None else r.mask.repeat_interleave(t, dim=0)  # (size*T, 1, 1, span)
+                out.append(
+                    sdpa(qs[r.first * t : (r.first + r.size) * t], kk.to(q.dtype), vv.to(q.dtype), mask)
+                )
+            o = self._unsorted([o.unflatten(0, (-1, t)) for o in out]).flatten(0, 1)
         return o.unflatten(0, (b, t)).transpose(1, 2).reshape(b, n * t, heads * hd)
 
     def frame_attn(
@@ -247,11 +406,12 @@ class PoolAttention:
         """Every token of an entry attends to one K/V token per attended frame of its row: q
         (B, n*T, heads, hd); k, v (B, n, heads, hd) of the chunk's frames, written into the
         per-frame buffers kb, vb (rows + 1, frames, heads, hd). Returns (B, n*T, heads * hd)."""
-        kb.index_put_(self._put_frames, k.to(kb.dtype))
-        vb.index_put_(self._put_frames, v.to(vb.dtype))
-        rows = self.index.rows
-        kk, vv = kb.index_select(0, rows).to(q.dtype), vb.index_select(0, rows).to(q.dtype)
-        return sdpa(q, kk, vv, self.frame_mask).flatten(2)
+        self._write(kb, vb, k, v, self._put_frames)
+        if self.gather:
+            rows = self.index.rows
+            kk, vv = kb.index_select(0, rows).to(q.dtype), vb.index_select(0, rows).to(q.dtype)
+            return sdpa(q, kk, vv, self.frame_mask).flatten(2)
+        return self._in_place(q, kb, vb, [r.span for r in self.runs], [r.mask for r in self.runs]).flatten(2)
 
 
 class DenseAttention:

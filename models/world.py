@@ -35,7 +35,7 @@ import torch
 
 from models.actions import ActionSpace, FrameLayout
 from models.causal_wan import CausalWan, TextKV
-from models.kv_pool import ChunkIndex
+from models.kv_pool import ChunkIndex, motion_slots
 from models.plugin import PluginState, WorldPlugin
 from models.sampler import FlowSchedule, add_noise
 from models.vae import DecoderCache, StreamingDecoder, cache_from_tensors, cache_to_tensors, decode_batch
@@ -521,6 +521,13 @@ class World:
         slots = [f if f < s else s + (f - s) % ring for f in frames]
         return torch.tensor([slot * t + i for slot in slots for i in range(t)], dtype=torch.long)
 
+    def _slots_by_buffer(self, token_slots: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Where `token_slots` (frame-major) sit in each K/V buffer of a row: the self-attention
+        K/V are frame-major, the action module's position-major (`motion_slots`)."""
+        pool = self.transformer._pool()
+        motion = motion_slots(token_slots, self.tokens_per_frame, pool.capacity // self.tokens_per_frame)
+        return {"k": token_slots, "v": token_slots, "ak": motion, "av": motion}
+
     @torch.no_grad()
     def export_state(self, state: WorldState) -> tuple[dict[str, torch.Tensor], dict]:
         """A session's committed world as tensors (on the host) and JSON, for a snapshot: the
@@ -536,7 +543,8 @@ class World:
         frames = self._kept_frames(state.frames)
         idx = self._token_slots(frames).to(view["k"].device)
         n_text = int(pool.text_len[state.row])
-        tensors = {f"kv.{n}": view[n].index_select(1, idx) for n in ("k", "v", "ak", "av")}
+        slots = self._slots_by_buffer(idx)
+        tensors = {f"kv.{n}": view[n].index_select(1, slots[n]) for n in ("k", "v", "ak", "av")}
         tensors |= {f"text.{n}": view[n][:, :n_text] for n in ("tk", "tv")}
         tensors |= {f"extra.{n}": view[n] for n in pool.extras}
         dec, dec_meta = cache_to_tensors(state.decoder)
@@ -579,9 +587,9 @@ class World:
         try:
             pool = self.transformer._pool()
             view = pool.row_view(row)
-            idx = self._token_slots(kept).to(view["k"].device)
+            slots = self._slots_by_buffer(self._token_slots(kept).to(view["k"].device))
             n_text = int(meta["text_tokens"])
-            writes = [(view[n], f"kv.{n}", idx) for n in ("k", "v", "ak", "av")]
+            writes = [(view[n], f"kv.{n}", slots[n]) for n in ("k", "v", "ak", "av")]
             for buf, key, where in writes:
                 src = tensors.get(key)
                 want = (buf.shape[0], len(where), *buf.shape[2:])
@@ -599,6 +607,7 @@ class World:
                     raise ValueError(f"{key}: shape {got}, expected {tuple(dst.shape)}")
                 dst.copy_(src.to(buf.device, buf.dtype))
             pool.text_len[row] = n_text
+            pool.text_lens[row] = n_text  # the host's copy, which attention cuts the text at
         except Exception:
             self._free_row(row, lease)
             raise
@@ -773,13 +782,15 @@ class World:
 
     def noise_batch(self, keys: Sequence[tuple[int, int, int] | None], n_frames: int) -> torch.Tensor:
         """(len(keys), C, n, h, w): entry i is `noise(*keys[i], n_frames)`, zeros where keys[i]
-        is None (batch padding). Drawn on the CPU, copied to the device once."""
+        is None (batch padding). Drawn on the CPU into one buffer by one generator, re-seeded per
+        entry (each session's numbers come from its own stateless stream, so they never depend on
+        its batch mates), and copied to the device once."""
         c, h, w = self.latent_shape
         out = torch.zeros((len(keys), c, n_frames, h, w), dtype=torch.float32)
+        gen = torch.Generator()
         for i, key in enumerate(keys):
             if key is not None:
-                gen = torch.Generator().manual_seed(noise_seed(*key))
-                torch.randn((c, n_frames, h, w), generator=gen, out=out[i])
+                torch.randn((c, n_frames, h, w), generator=gen.manual_seed(noise_seed(*key)), out=out[i])
         if self.device.type == "cuda":
             out = out.pin_memory()
         return out.to(self.device, self.dtype, non_blocking=True)

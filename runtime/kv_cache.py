@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.kv_pool import ChunkIndex, KVPool
+from models.kv_pool import ChunkIndex, HostIndex, KVPool, motion_slots
 
 
 @dataclass(frozen=True)
@@ -93,30 +93,38 @@ class KVLayout:
         """The `ChunkIndex` of one step: entry i is pool row `rows[i]` after `committed[i]` frames.
 
         Entries whose row is None, and with `bucket` the entries past len(rows), are padding:
-        they write and read `pad_row` (their outputs are discarded). One host buffer (pinned on
-        CUDA), one non-blocking copy to the device.
+        they write and read `pad_row` (their outputs are discarded). Vectorised over entries (no
+        loop per session); one host buffer (pinned on CUDA), one non-blocking copy to the device.
+        The host copy of each entry's row and read span (`HostIndex`) stays with the index, so
+        attention reads each row in place without reading a device value.
         """
         b = bucket or len(rows)
         if b < len(rows):
             raise ValueError(f"{len(rows)} entries do not fit a bucket of {b}")
+        if n_new > self.window_frames:
+            raise ValueError(f"a chunk of {n_new} frames does not fit a window of {self.window_frames}")
         nt = n_new * self.tokens_per_frame
         f = self.capacity_frames
         device = torch.device(device)
+        live = np.array([r is not None for r in rows] + [False] * (b - len(rows)))
+        row = np.full(b, pad_row, dtype=np.int64)
+        done = np.zeros(b, dtype=np.int64)
+        row[: len(rows)] = [pad_row if r is None else r for r in rows]
+        done[: len(rows)] = committed
+        done[~live] = 0
+        valid = self._valid_batch(done, n_new)
         host = torch.empty((b, 2 + nt + f), dtype=torch.long, pin_memory=device.type == "cuda")
         buf = host.numpy()
-        buf[:, 0] = pad_row
-        buf[:, 1] = 0
-        buf[:, 2 : 2 + nt] = self.write_slots(0, n_new)
-        buf[:, 2 + nt :] = self.valid_frames(0, n_new)
-        for i, (row, done) in enumerate(zip(rows, committed, strict=True)):
-            if row is None:
-                continue
-            buf[i, :2] = (row, done)
-            buf[i, 2 : 2 + nt] = self.write_slots(done, n_new)
-            buf[i, 2 + nt :] = self.valid_frames(done, n_new)
+        buf[:, 0], buf[:, 1] = row, done
+        buf[:, 2 : 2 + nt] = self._write_batch(done, n_new)
+        buf[:, 2 + nt :] = valid
         dev = host.to(device, non_blocking=True)
         return ChunkIndex(
-            rows=dev[:, 0], write=dev[:, 2 : 2 + nt], valid=dev[:, 2 + nt :].bool(), frame_offset=dev[:, 1]
+            rows=dev[:, 0],
+            write=dev[:, 2 : 2 + nt],
+            valid=dev[:, 2 + nt :].bool(),
+            frame_offset=dev[:, 1],
+            host=HostIndex.of(row, valid),
         )
 
     def recache_frames(self, committed: int) -> range:
@@ -143,7 +151,29 @@ class KVLayout:
             write=torch.from_numpy(write).to(dev),
             valid=torch.from_numpy(valid).to(dev),
             frame_offset=torch.tensor([frames.start], device=dev),
+            host=HostIndex.of(np.array([row]), valid),
         )
+
+    def _write_batch(self, committed: np.ndarray, n_new: int) -> np.ndarray:
+        """(B, n_new * tokens_per_frame): `write_slots` of every entry at once."""
+        frames = committed[:, None] + np.arange(n_new)[None, :]
+        s = self.sink_frames
+        slots = np.where(frames < s, frames, s + (frames - s) % self.ring_frames)
+        t = self.tokens_per_frame
+        return (slots[:, :, None] * t + np.arange(t)).reshape(len(committed), -1)
+
+    def _valid_batch(self, committed: np.ndarray, n_new: int) -> np.ndarray:
+        """(B, capacity_frames) bool: `valid_frames` of every entry at once. A sink slot j holds
+        frame j (valid once written, the chunk's included); the non-sink frames read are the
+        last min(W, L + n - S) up to the chunk's end, consecutive ring positions ending at the
+        chunk's last frame."""
+        s, r = self.sink_frames, self.ring_frames
+        end = committed + n_new  # frames once the chunk is in
+        sinks = np.arange(s)[None, :] < end[:, None]
+        m = np.clip(np.minimum(self.window_frames, end - s), 0, None)
+        last = (end - 1 - s) % r
+        ring = (last[:, None] - np.arange(r)[None, :]) % r < m[:, None]
+        return np.concatenate([sinks, ring], axis=1)
 
     def committed_view(self, pool: KVPool, row: int, committed: int, n_next: int) -> dict[str, torch.Tensor]:
         """The K/V of pool row `row` a next chunk of `n_next` frames would read, in frame order
@@ -153,5 +183,7 @@ class KVLayout:
         idx = torch.tensor([self.slot_of(f) * t + i for f in frames for i in range(t)], dtype=torch.long)
         view = pool.row_view(row)
         idx = idx.to(view["k"].device)
-        out = {name: view[name].index_select(1, idx) for name in ("k", "v", "ak", "av")}
+        motion = motion_slots(idx, t, self.capacity_frames)  # the action K/V is position-major
+        out = {name: view[name].index_select(1, idx) for name in ("k", "v")}
+        out |= {name: view[name].index_select(1, motion) for name in ("ak", "av")}
         return out | {"tk": view["tk"], "tv": view["tv"]}

@@ -232,3 +232,64 @@ def test_a_one_token_text_is_read_as_its_value(monkeypatch):
     monkeypatch.setattr(PoolAttention, "one_text_value", lambda self, layer: None)
     full = play()
     assert all(np.array_equal(a, b) for a, b in zip(short, full, strict=True))
+
+
+class PoolReads(TorchDispatchMode):
+    """Bytes that copying ops (gather, index, clone, cast, concatenation) read from the pool's
+    storage; and the key length of every SDPA call whose K is a view of the pool."""
+
+    COPIES = frozenset(
+        {"index_select", "gather", "index", "take", "clone", "_to_copy", "cat", "stack", "copy_"}
+    )
+
+    def __init__(self, pool) -> None:
+        super().__init__()
+        self.storages = {b.untyped_storage().data_ptr() for b in pool.buffers()}
+        self.copied = 0
+        self.key_lengths: list[int] = []  # (sdpa calls with K in the pool)
+
+    def _in_pool(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in self.storages
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        srcs = args[1:] if name == "copy_" else args  # copy_ into the pool is a write
+        flat = [t for a in srcs for t in (a if isinstance(a, (list, tuple)) else [a])]
+        if name in self.COPIES:
+            self.copied += sum(t.numel() * t.element_size() for t in flat if self._in_pool(t))
+        if "scaled_dot_product" in name and self._in_pool(args[1]):
+            self.key_lengths.append(args[1].shape[-2])
+        return func(*args, **(kwargs or {}))
+
+
+@torch.no_grad()
+def test_a_forward_reads_rows_in_place_and_only_their_filled_part(make_model, monkeypatch):
+    """Eager: no K/V byte of the pool (self, action, text) is gathered or copied; entries on
+    consecutive rows read one view cut at their longest filled prefix (shorter ones masked), an
+    entry on a row of its own its own prefix. The compiled layout (gather under a mask, forced
+    here) copies whole rows, which the count sees."""
+    cfg = tiny_config(window_frames=5, sink_frames=1, action=tiny_actions(), attention_head_dim=16)
+    model = make_model(cfg)
+    t = model.tokens_per_frame(H, W)
+    layout = KVLayout(1, 5, t)
+    model.setup_caches(6, H, W, text_tokens=4)
+    gen = torch.Generator().manual_seed(0)
+    rows, fills = [4, 1, 0, 2], [0, 1, 0, 4]  # chunks of history: empty, filling, empty, wrapped
+    done = [build_history(model, layout, r, f, 3, gen) for r, f in zip(rows, fills, strict=True)]
+    index = layout.index(rows, done, 2, model.pool.pad_row, bucket=5)
+    x, act = torch.randn(5, 4, 2, H, W, generator=gen), torch.randn(5, 2, 2, 7, generator=gen)
+    reads = PoolReads(model.pool)
+    with reads:
+        out = model.forward_chunk(x, torch.zeros(5), index, act)
+    assert reads.copied == 0
+    # per layer, runs in row order: rows 0-2 (2, 4 and all 6 frames: 6), row 4 (2), the pad row
+    # 6 (2); their text (3, 3, 1); in block 0 the action module's frames
+    frames = [6, 2, 2]
+    per_layer = [f * t for f in frames] + [3, 3, 1]
+    assert reads.key_lengths == per_layer + frames + per_layer * (cfg.num_layers - 1)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    gathered = PoolReads(model.pool)
+    with gathered:
+        again = model.forward_chunk(x, torch.zeros(5), index, act)
+    assert gathered.copied >= 5 * model.pool.row_nbytes() // 2  # at least every row's K/V, once
+    assert (out - again).abs().max().item() <= TOL

@@ -96,3 +96,26 @@ def test_recache_rewrites_every_frame_within_the_span_then_the_window_only(slack
     assert np.flatnonzero(idx.valid[0].numpy()).tolist() == sorted({0, 1, 2, *frames})
     early = lay.recache_index(row=0, committed=6)
     assert np.flatnonzero(early.valid[0].numpy()).tolist() == list(range(6))
+
+
+@pytest.mark.parametrize(
+    ("sinks", "window", "chunk", "slack"), [(0, 4, 2, 0), (1, 5, 2, 2), (2, 6, 3, 3), (1, 7, 1, 0)]
+)
+def test_the_batched_index_is_each_entrys_own_slots_and_reads_its_filled_prefix(sinks, window, chunk, slack):
+    """`index` is built for all entries at once: each entry's row equals `write_slots` and
+    `valid_frames` of its own committed length; its host span ends at its last valid slot and
+    says whether a slot inside it must be masked."""
+    lay = KVLayout(sinks, window, 2, slack)
+    committed = list(range(0, 12 * chunk, chunk))
+    rows = list(range(len(committed)))
+    idx = lay.index(rows, committed, chunk, pad_row=99)
+    for i, done in enumerate(committed):
+        valid = lay.valid_frames(done, chunk)
+        assert idx.write[i].tolist() == lay.write_slots(done, chunk).tolist()
+        assert idx.valid[i].tolist() == valid.tolist()
+        span = int(np.flatnonzero(valid)[-1]) + 1
+        assert idx.host.spans[i] == span and idx.host.holes[i] == (not valid[:span].all())
+        assert idx.host.rows[i] == i
+    filling = [i for i, d in enumerate(committed) if d + chunk <= lay.capacity_frames]
+    assert all(idx.host.spans[i] == committed[i] + chunk for i in filling)  # only what is filled
+    assert any(idx.host.holes) == (slack > 0)  # without slack a wrapped ring is read whole
