@@ -12,7 +12,12 @@ largest difference in uint8 levels and the share of values that differ. Settings
 - ``batched_2_vs_8``: the session in a batch of 2 against the same session in a batch of 8;
 - ``batched_4_other_order``: the same mates, the session added last instead of first;
 - ``batched_4_other_mates``: as many mates, other worlds (seeds 300+);
-- ``threads_T``: alone, with T torch threads instead of the first run's.
+- ``threads_T``: alone, with T torch threads instead of the first run's;
+- ``deterministic_*``: the same under ``Engine(deterministic=True)`` (``serve --deterministic``,
+  ``max_batch=8``), against that mode's alone run: 7 mates, and 3 other mates added first.
+
+It also measures what the deterministic mode costs: chunks/s of 1 and of 8 sessions, plain and
+deterministic (``cost``; wall time, this machine).
 
 It also prints a hash of the alone run's frames, so two processes (or machines) can be compared.
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -53,10 +59,13 @@ def run(
     last: bool = False,
     idle: int = 0,
     mate_seed: int = 100,
+    deterministic: bool = False,
 ) -> np.ndarray:
     """The frames of session "s" (seed SEED) stepped with ``mates`` other sessions (seeds
     ``mate_seed`` on), all submitted together each chunk; ``idle`` more sessions only hold pool rows."""
-    engine = Engine({world.config.id: world}, max_batch=max_batch, max_streams=16)
+    engine = Engine(
+        {world.config.id: world}, max_batch=max_batch, max_streams=16, deterministic=deterministic
+    )
     others = [f"m{i}" for i in range(mates)]
     order = [*others, "s"] if last else ["s", *others]
     for i in range(idle):
@@ -76,6 +85,14 @@ def run(
     for sid in [*order, *(f"idle{i}" for i in range(idle))]:
         engine.remove_stream(sid)
     return np.concatenate(frames)
+
+
+def chunks_per_s(world: World, sessions: int, chunks: int, deterministic: bool) -> float:
+    """Chunks/s of `sessions` sessions stepped together (max_batch 8), after one warm-up chunk."""
+    run(world, 0, 1, max_batch=8, deterministic=deterministic)  # warm-up
+    start = time.perf_counter()
+    run(world, sessions - 1, chunks, max_batch=8, deterministic=deterministic)
+    return sessions * chunks / (time.perf_counter() - start)
 
 
 def compare(ref: np.ndarray, got: np.ndarray) -> dict:
@@ -115,6 +132,19 @@ def main() -> None:
         torch.set_num_threads(threads)
         results[f"threads_{threads}"] = compare(ref, run(world, 0, args.chunks, max_batch=1))
     torch.set_num_threads(args.threads)
+    det = run(world, 0, args.chunks, max_batch=8, deterministic=True)
+    results["deterministic_batched_8"] = compare(det, run(world, 7, args.chunks, 8, deterministic=True))
+    results["deterministic_batched_4_other_mates_first"] = compare(
+        det, run(world, 3, args.chunks, 8, last=True, mate_seed=300, deterministic=True)
+    )
+    results["deterministic_vs_plain_alone"] = compare(ref, det)
+    cost = {
+        f"{n}_sessions": {
+            "plain_chunks_per_s": chunks_per_s(world, n, args.chunks, False),
+            "deterministic_chunks_per_s": chunks_per_s(world, n, args.chunks, True),
+        }
+        for n in (1, 8)
+    }
 
     report = {
         "model": args.model,
@@ -124,10 +154,14 @@ def main() -> None:
         "alone_sha256": hashlib.sha256(ref.tobytes()).hexdigest(),
         "frames": list(ref.shape),
         "settings": results,
+        "cost": cost,
     }
     for name, r in results.items():
         same = "identical" if r["identical"] else "differs"
         print(f"{name:24s} {same:9s} max {r['max_levels']} levels, {r['share']:.4%} of values")
+    for name, c in cost.items():
+        plain, det_rate = c["plain_chunks_per_s"], c["deterministic_chunks_per_s"]
+        print(f"{name}: plain {plain:.2f} chunks/s, deterministic {det_rate:.2f} ({det_rate / plain:.2f}x)")
     print("alone sha256", report["alone_sha256"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -40,15 +40,18 @@ class HostIndex:
     rows: tuple[int, ...]  # pool row of each entry
     spans: tuple[int, ...]  # frame slots each entry reads: its row's prefix up to its last valid slot
     holes: tuple[bool, ...]  # whether that prefix holds slots the entry must not read (a mask is needed)
+    # Every entry attends on its own (no run of rows shares a call), so what an entry computes
+    # does not depend on its neighbours' fill (deterministic serving, runtime/batch.py).
+    separate: bool = False
 
     @classmethod
-    def of(cls, rows: np.ndarray, valid: np.ndarray) -> HostIndex:
+    def of(cls, rows: np.ndarray, valid: np.ndarray, separate: bool = False) -> HostIndex:
         """From rows (B,) and the valid frame slots (B, frames) bool (every entry reads its chunk)."""
         frames = valid.shape[1]
         spans = frames - np.argmax(valid[:, ::-1], axis=1)
         inside = np.arange(frames)[None, :] < spans[:, None]
         holes = (valid & inside).sum(axis=1) < spans
-        return cls(tuple(rows.tolist()), tuple(spans.tolist()), tuple(holes.tolist()))
+        return cls(tuple(rows.tolist()), tuple(spans.tolist()), tuple(holes.tolist()), separate)
 
 
 @dataclass
@@ -235,8 +238,8 @@ class Run:
 
 def runs_of(index: ChunkIndex) -> tuple[list[int] | None, list[Run]]:
     """The order that sorts the batch entries by row (None: already sorted) and its runs of
-    consecutive rows. Entries of a run read one view of the pool; entries with a shorter span
-    or slots they must not read get a mask."""
+    consecutive rows (each entry its own run when `HostIndex.separate`). Entries of a run read
+    one view of the pool; entries with a shorter span or slots they must not read get a mask."""
     host = index.host_index()
     b = len(host.rows)
     order = sorted(range(b), key=lambda i: host.rows[i])
@@ -244,7 +247,7 @@ def runs_of(index: ChunkIndex) -> tuple[list[int] | None, list[Run]]:
     runs, i = [], 0
     while i < b:
         j = i + 1
-        while j < b and host.rows[order[j]] == host.rows[order[j - 1]] + 1:
+        while j < b and not host.separate and host.rows[order[j]] == host.rows[order[j - 1]] + 1:
             j += 1
         members = order[i:j]
         span = max(host.spans[m] for m in members)

@@ -162,7 +162,9 @@ class Batch:
         self.chunks = chunks  # what each entry serves (a retry re-runs it)
         self.txns = txns
         self.n = chunks[0].n_latent
-        self.size = world.bucket(len(txns)) or len(txns)
+        # Deterministic serving: one fixed batch size (padded) and each entry attending and
+        # decoding on its own, so an entry's arithmetic never depends on its batch mates.
+        self.size = world.bucket(runner.fixed_batch or len(txns)) or runner.fixed_batch or len(txns)
         self.live = list(range(len(txns)))  # entries still running
         self.clock = StageClock(world.device)
         self.paid = paid  # owed clean passes this step ran first (their time counts as this batch's context)
@@ -190,7 +192,8 @@ class Batch:
         rows = [t.row if i in live else None for i, t in enumerate(self.txns)]
         starts = [t.latent_start for t in self.txns]
         w = self.world
-        return self.layout.index(rows, starts, self.n, w.pad_row, self.size, w.device)
+        separate = self.runner.fixed_batch is not None
+        return self.layout.index(rows, starts, self.n, w.pad_row, self.size, w.device, separate)
 
     def _actions(self) -> torch.Tensor | None:
         w = self.world
@@ -344,7 +347,13 @@ class Batch:
             return False
         with self.runner.decode_stream(self.world.device, (self.x0, self.finite)):
             states = [self.txns[i].stream.state for i in self.live]
-            frames, self.caches = self.world.decode_batch([self.x0[i] for i in self.live], states)
+            latents = [self.x0[i] for i in self.live]
+            if self.runner.fixed_batch is None:
+                frames, self.caches = self.world.decode_batch(latents, states)
+            else:  # one decode per entry: the decoder's batch never depends on who is live
+                each = [self.world.decode_batch([x], [s]) for x, s in zip(latents, states, strict=True)]
+                frames = [f for fs, _ in each for f in fs]
+                self.caches = [c for _, cs in each for c in cs]
             self.clock.mark("decoded")
             self.copy = HostCopy([*frames, self.finite.to(torch.uint8)])
         return True

@@ -109,6 +109,7 @@ class Engine:
         pipeline: bool | None = None,
         defer_context: bool | None = None,
         retention: int = 0,
+        deterministic: bool = False,
         offload_conditioning: bool = True,
         max_preparing: int = 4,
         conditioning_threads: int = 1,
@@ -123,6 +124,9 @@ class Engine:
         None (the default) defers when not pipelined.
         `retention`: chunks a stream can be rewound by (`rewind_stream`, runtime/history.py);
         each session's charge grows by that many chunks of ring slack and checkpoints.
+        `deterministic`: a session's frames do not depend on which sessions share its batch:
+        every batch runs padded to `max_batch`, each entry attending and decoding on its own
+        (docs/ENGINE.md, "Reproducibility").
         `offload_conditioning`: `open_stream` / `begin_reset` of a world with heavy conditioning
         compute it on a worker thread while the engine steps on (runtime/conditioning.py), at
         most `max_preparing` at once, with `conditioning_threads` torch threads at
@@ -158,6 +162,7 @@ class Engine:
             pipeline=pipeline,
             defer_context=defer_context,
             retention=retention,
+            fixed_batch=max_batch if deterministic else None,
         )
         self.scheduler = scheduler or FairScheduler(self._shape_of, max_batch)
         self.max_queued = max_queued_per_stream

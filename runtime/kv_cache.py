@@ -89,6 +89,7 @@ class KVLayout:
         pad_row: int,
         bucket: int | None = None,
         device: torch.device | str = "cpu",
+        separate: bool = False,
     ) -> ChunkIndex:
         """The `ChunkIndex` of one step: entry i is pool row `rows[i]` after `committed[i]` frames.
 
@@ -96,7 +97,8 @@ class KVLayout:
         they write and read `pad_row` (their outputs are discarded). Vectorised over entries (no
         loop per session); one host buffer (pinned on CUDA), one non-blocking copy to the device.
         The host copy of each entry's row and read span (`HostIndex`) stays with the index, so
-        attention reads each row in place without reading a device value.
+        attention reads each row in place without reading a device value. `separate`: every entry
+        attends on its own (`HostIndex.separate`).
         """
         b = bucket or len(rows)
         if b < len(rows):
@@ -124,7 +126,7 @@ class KVLayout:
             write=dev[:, 2 : 2 + nt],
             valid=dev[:, 2 + nt :].bool(),
             frame_offset=dev[:, 1],
-            host=HostIndex.of(row, valid),
+            host=HostIndex.of(row, valid, separate),
         )
 
     def recache_frames(self, committed: int) -> range:

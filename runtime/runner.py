@@ -72,8 +72,11 @@ class Runner:
         pipeline: bool = False,
         defer_context: bool | None = None,
         retention: int = 0,
+        fixed_batch: int | None = None,
     ) -> None:
-        """`defer_context`: run each chunk's clean pass after its commit (see the module's
+        """`fixed_batch`: deterministic serving, every batch padded to this size and each entry
+        attending and decoding on its own (runtime/batch.py; None: batches as they come).
+        `defer_context`: run each chunk's clean pass after its commit (see the module's
         docstring); None (the default) defers when not pipelined. A pipelined chunk runs on
         top of its predecessor's clean pass, so the two do not combine. `retention`: chunks a
         stream can be rewound by (`rewind`; the worlds' rings have that many chunks of extra
@@ -87,6 +90,7 @@ class Runner:
         self.defer_context = not pipeline if defer_context is None else defer_context
         self.streams: dict[str, Stream] = {}
         self.retention = retention
+        self.fixed_batch = fixed_batch
         for name, w in worlds.items():
             need = ring_slack(w.chunk_frames, pipeline, retention)
             if w.slack_frames < need:

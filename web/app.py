@@ -56,6 +56,7 @@ class Runtime:
         threads: int | None = None,
         prompt_threads: int = 1,
         retention: int = 0,
+        deterministic: bool = False,
         host_memory: int | None = None,
         spill_dir: Path | None = None,
     ) -> "Runtime":
@@ -67,6 +68,7 @@ class Runtime:
         ``prompt_threads``: the prompt worker's torch threads (text encoders; `EngineThread`);
         ``realtime_headroom``: realtime admission (`SessionManager`; None: off);
         ``retention``: chunks a session can rewind by (runtime/history.py);
+        ``deterministic``: frames independent of batch mates (`Engine`);
         ``device_memory``: bytes for every world's sessions together, the budget the engine sizes
         its pools from and admits by (runtime/memory.py; None: room for ``max_sessions``);
         ``host_memory``: bytes of host memory for sessions offloaded from a full device budget,
@@ -84,6 +86,7 @@ class Runtime:
             pipeline=overlap_decode,
             defer_context=defer_clean_pass,
             retention=retention,
+            deterministic=deterministic,
         )
         engine_thread = EngineThread(
             engine, asyncio.get_running_loop(), threads=threads, prompt_threads=prompt_threads

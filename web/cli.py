@@ -140,6 +140,14 @@ def _parser() -> argparse.ArgumentParser:
         help="chunks a session can `rewind` by; each costs a chunk of K/V ring slack and a decoder "
         'cache and plug-in state per session (docs/ENGINE.md, "Rewind"; default: %(default)s)',
     )
+    serve.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="a session's frames do not depend on which sessions share its batch (every batch "
+        "runs padded to --max-batch, each session attending and decoding on its own), so a "
+        "session log replays bit-identically on a busy server; costs speed "
+        '(docs/ENGINE.md, "Reproducibility")',
+    )
     serve.add_argument("--debug-hooks", action="store_true", help="accept open.debug (tests only)")
     _limit_args(serve)
     _state_args(serve)
@@ -508,6 +516,7 @@ def _serve(args: argparse.Namespace) -> int:
         device_memory=budget.nbytes,
         detach_ttl_s=args.detach_ttl,
         retention=args.retention,
+        deterministic=args.deterministic,
         max_batch=args.max_batch,
         realtime_headroom=args.realtime_headroom,
         overlap_decode=SWITCH[args.overlap_decode],

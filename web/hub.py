@@ -34,6 +34,7 @@ class ServerConfig:
     # sizes its pools from it and answers `busy` by it); None: room for max_sessions
     detach_ttl_s: float = 60.0  # how long a detached session waits for a resume
     retention: int = 4  # chunks a session can `rewind` by (runtime/history.py; costs memory per session)
+    deterministic: bool = False  # frames independent of batch mates (runtime/batch.py; costs speed)
     max_connections: int = 64  # open websockets; a handshake past it gets HTTP 503
     max_connections_per_address: int | None = None  # ... from one client address (IPv6: its /64),
     # loopback included; None: a quarter of max_connections (at least 1); 0: no such cap

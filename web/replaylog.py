@@ -52,7 +52,8 @@ async def render(
     sink: Callable[[SessionEvent], None],
     threads: int | None = None,
 ) -> int:
-    """Run the log's chunks as one session on a fresh engine with the log's retention, events to
+    """Run the log's chunks as one session on a fresh engine with the log's retention (and, from a
+    --deterministic server, its padded batch size), events to
     `sink` (a `ReadyEvent` with the start frame, then one `FramesEvent` per chunk); returns the
     chunks rendered."""
     from sessions.manager import OpenParams
@@ -60,7 +61,15 @@ async def render(
 
     if log.model not in worlds:
         raise ValueError(f"the log's model {log.model!r} is not loaded (loaded: {sorted(worlds)})")
-    runtime = Runtime.start(worlds, max_sessions=1, threads=threads, retention=log.retention)
+    batch = log.deterministic_batch
+    runtime = Runtime.start(
+        worlds,
+        max_sessions=1,
+        threads=threads,
+        retention=log.retention,
+        max_batch=batch or 1,
+        deterministic=batch is not None,
+    )
     try:
         params = OpenParams(model=log.model, seed=log.seed, prompt=log.prompt, image=log.start_image.image())
         actions = log.actions()

@@ -50,12 +50,14 @@ class Routes:
         admission: Admission | None = None,
         token: str | None = None,
         retention: int = 0,
+        deterministic_batch: int | None = None,
     ) -> None:
         self.manager = manager
         self.static_dir = static_dir.resolve()
         self.admission = admission  # the Host check, and the handshake checks of SESSION_PATH
         self.token = token  # the server token: wanted by the session log route when set
         self.retention = retention  # the engine's rewind retention, reported in session logs
+        self.deterministic_batch = deterministic_batch  # --deterministic's batch size, likewise
         self._schema = json.dumps(json_schema()).encode()  # constant: built once
 
     def __call__(
@@ -95,7 +97,7 @@ class Routes:
         except SessionNotFound:
             return _response(http.HTTPStatus.NOT_FOUND, b"no such session\n")
         try:
-            log = await session_log(session, self.retention)
+            log = await session_log(session, self.retention, self.deterministic_batch)
         except StreamNotFound:  # closed meanwhile
             return _response(http.HTTPStatus.NOT_FOUND, b"no such session\n")
         body = log.model_dump_json().encode()

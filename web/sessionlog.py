@@ -77,6 +77,9 @@ class SessionLog(_Model):
     start_image: StartImage
     mode: Literal["realtime", "lockstep"]
     retention: int = Field(ge=0)  # the server's rewind retention (its K/V ring layout)
+    # the server's --max-batch when it served --deterministic (a replay pads its batches the
+    # same, so it matches bit for bit however busy the server was); None: it did not
+    deterministic_batch: int | None = Field(default=None, ge=1)
     first_chunk: int  # session chunk number of this world's chunk 1
     dropped: int = Field(ge=0)  # chunks of this world no longer in the log (0: complete)
     chunks: tuple[LoggedChunk, ...]
@@ -98,8 +101,9 @@ def _start_image(session: Session) -> StartImage:
     return StartImage(kind="seed" if session.spec.image_start else "none")
 
 
-async def session_log(session: Session, retention: int) -> SessionLog:
-    """The log of a live session's current world (`retention`: the server's)."""
+async def session_log(session: Session, retention: int, deterministic_batch: int | None = None) -> SessionLog:
+    """The log of a live session's current world (`retention`, `deterministic_batch`: the
+    server's)."""
     first, chunks = await session.action_log()
     return SessionLog(
         session_id=session.id,
@@ -109,6 +113,7 @@ async def session_log(session: Session, retention: int) -> SessionLog:
         start_image=_start_image(session),
         mode=session.mode,
         retention=retention,
+        deterministic_batch=deterministic_batch,
         first_chunk=session.world_base + 1,
         dropped=first - session.world_base - 1,
         chunks=tuple(
