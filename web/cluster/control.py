@@ -1,0 +1,205 @@
+"""The control plane of a cluster: start replicas as Ray actors, place new sessions, find a
+token's session, drain a replica, and read every replica's figures.
+
+Holds no session state: placement reads each replica's own figures, a token names the replica
+that made it (web/cluster/tokens.py), and a session moved by a drain is found by asking the
+replicas. So any number of front ends can share one set of replicas.
+"""
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from web.cluster.replica import Replica, ReplicaLoad
+from web.cluster.tokens import TokenSigner
+from web.hub import ServerConfig
+
+__all__ = ["Cluster", "DrainReport", "ReplicaSpec", "capacity"]
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "worldserve"
+CALL_TIMEOUT_S = 10.0  # a replica that answers no control call in this long is left out
+START_TIMEOUT_S = 600.0  # loading the worlds (GPU weights) may take minutes
+LOCATE_TRIES = 10  # a moved session is asked for this many times, LOCATE_WAIT_S apart
+LOCATE_WAIT_S = 0.1
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """How to start each replica."""
+
+    models: tuple[str, ...]
+    config: ServerConfig
+    device: str = "cpu"  # "cuda" for GPU replicas (one GPU each)
+    dtype: str = "float32"
+    threads: int = 1  # torch threads of each replica's engine
+    gpus: float = 0.0  # Ray resources each replica asks for
+    cpus: float = 1.0
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    """What a drain did: session id -> the replica it moved to; the ids left where they were."""
+
+    replica: str
+    moved: dict[str, str]
+    kept: list[str]
+
+
+def capacity(load: ReplicaLoad) -> int:
+    """Sessions a replica can hold in all: its session cap, or fewer when its device budget
+    (free bytes plus what its sessions use) holds fewer default-model sessions."""
+    per = max(1, int(load["session_bytes"]))  # type: ignore[call-overload]
+    by_bytes = (int(load["free_bytes"]) + int(load["used_bytes"])) // per  # type: ignore[call-overload]
+    return min(int(load["max_sessions"]), by_bytes)  # type: ignore[call-overload]
+
+
+class Cluster:
+    """Replica handles by name, and the control calls on them (see the module docstring)."""
+
+    def __init__(self, replicas: dict[str, Any], urls: dict[str, str], secret: bytes) -> None:
+        self.replicas = replicas  # name -> Ray actor handle
+        self.urls = urls  # name -> the replica's websocket URL
+        self.signer = TokenSigner(secret)
+        self._pending: Counter[str] = Counter()  # connections placed, not yet in the figures
+        self._placing = asyncio.Lock()
+
+    @classmethod
+    async def start(cls, count: int, spec: ReplicaSpec, secret: bytes) -> "Cluster":
+        """Start ``count`` replicas (named replica-0 ...) on the Ray cluster this process joined."""
+        actor = ray.remote(Replica)
+        handles = {
+            f"replica-{i}": actor.options(
+                name=f"replica-{i}", namespace=NAMESPACE, num_gpus=spec.gpus, num_cpus=spec.cpus
+            ).remote(
+                f"replica-{i}", list(spec.models), spec.config, secret, spec.device, spec.dtype, spec.threads
+            )
+            for i in range(count)
+        }
+        names = list(handles)
+        urls = await asyncio.wait_for(
+            asyncio.gather(*(handles[n].start.remote() for n in names)), START_TIMEOUT_S
+        )
+        return cls(handles, dict(zip(names, urls, strict=True)), secret)
+
+    async def stop(self) -> None:
+        """Stop every replica's server, then the actors."""
+        await asyncio.gather(*(h.stop.remote() for h in self.replicas.values()), return_exceptions=True)
+        for h in self.replicas.values():
+            ray.kill(h)
+
+    async def _call(self, name: str, method: str, *args: Any) -> Any:
+        ref = getattr(self.replicas[name], method).remote(*args)
+        return await asyncio.wait_for(ref, CALL_TIMEOUT_S)
+
+    async def loads(self) -> list[ReplicaLoad]:
+        """Every answering replica's figures (`Replica.load`); one that fails is left out."""
+        names = list(self.replicas)
+        got = await asyncio.gather(*(self._call(n, "load") for n in names), return_exceptions=True)
+        out = []
+        for name, load in zip(names, got, strict=True):
+            if isinstance(load, BaseException):
+                log.warning("= replica %s did not answer: %s", name, load)
+                continue
+            out.append(load)
+        return out
+
+    async def place(self) -> str:
+        """The replica for a new session: the one with the most free device bytes, less what
+        the connections placed there but not yet counted in its figures will take; draining,
+        dead and full replicas last (a full one then answers `busy` itself, as a single server)."""
+        async with self._placing:
+            loads = await self.loads()
+            if not loads:
+                raise RuntimeError("no replica answers")
+
+            def score(load: ReplicaLoad) -> tuple[bool, int, int]:
+                name = str(load["name"])
+                pending = self._pending[name]
+                usable = not load["draining"] and not load["dead"]
+                usable = usable and int(load["sessions"]) + pending < int(load["max_sessions"])  # type: ignore[call-overload]
+                free = int(load["free_bytes"]) - pending * int(load["session_bytes"])  # type: ignore[call-overload]
+                return usable, free, -(int(load["sessions"]) + pending)  # type: ignore[call-overload]
+
+            name = str(max(loads, key=score)["name"])
+            self._pending[name] += 1
+            return name
+
+    def placed(self, name: str) -> None:
+        """A connection placed on ``name`` is now in its figures (its session is open), or gone."""
+        if self._pending[name] > 0:
+            self._pending[name] -= 1
+
+    async def locate(self, token: str) -> str | None:
+        """The replica whose session answers to ``token``: the one it names first, then the
+        others (a drain moved it); None for a forged token or one no replica knows."""
+        named = self.signer.replica_of(token)
+        if named is None:
+            return None
+        order = [named] if named in self.replicas else []
+        order += [n for n in self.replicas if n != named]
+        for name in order:
+            try:
+                if await self._call(name, "has", token):
+                    return name
+            except Exception as exc:  # a dead replica: its sessions are elsewhere or gone
+                log.warning("= replica %s did not answer: %s", name, exc)
+        return None
+
+    async def find_moved(self, token: str, previous: str) -> str | None:
+        """Where a session went after its replica let go of it (a drain), asked a few times:
+        the move may still be finishing. None: nowhere (it ended)."""
+        for _ in range(LOCATE_TRIES):
+            name = await self.locate(token)
+            if name is not None and name != previous:
+                return name
+            await asyncio.sleep(LOCATE_WAIT_S)
+        return None
+
+    async def drain(self, name: str) -> DrainReport:
+        """Move every session of replica ``name`` to the others (most free bytes first) and
+        place nothing new on it: each is snapshotted after its outstanding chunks commit, held,
+        restored elsewhere with its id and token, and only then let go of, so its client (through
+        a front end) resumes there with no committed chunk lost. A session no replica takes
+        stays where it was."""
+        if name not in self.replicas:
+            raise KeyError(f"no replica {name!r}; replicas: {sorted(self.replicas)}")
+        handed: dict[str, bytes] = await asyncio.wait_for(
+            self.replicas[name].hand_over.remote(), START_TIMEOUT_S
+        )
+        targets = [
+            load
+            for load in await self.loads()
+            if load["name"] != name and not load["draining"] and not load["dead"]
+        ]
+        free = {str(t["name"]): int(t["free_bytes"]) for t in targets}  # type: ignore[call-overload]
+        cost = {str(t["name"]): int(t["session_bytes"]) for t in targets}  # type: ignore[call-overload]
+        batches: dict[str, dict[str, bytes]] = {t: {} for t in free}
+        for sid, data in handed.items():
+            if not free:
+                break
+            target = max(free, key=lambda t: free[t])
+            batches[target][sid] = data
+            free[target] -= cost[target]
+        moved: dict[str, str] = {}
+        for target, batch in batches.items():
+            if batch:
+                taken = await asyncio.wait_for(self.replicas[target].take_over.remote(batch), START_TIMEOUT_S)
+                moved.update({sid: target for sid in taken})
+        kept = [sid for sid in handed if sid not in moved]
+        await self._call(name, "let_go", list(moved))
+        if kept:
+            await self._call(name, "keep", kept)
+        log.info("= drained %s: %d sessions moved, %d kept", name, len(moved), len(kept))
+        return DrainReport(name, moved, kept)
+
+    async def metrics(self) -> dict[str, bytes]:
+        """Every answering replica's Prometheus text by name."""
+        names = list(self.replicas)
+        got = await asyncio.gather(*(self._call(n, "metrics") for n in names), return_exceptions=True)
+        return {n: t for n, t in zip(names, got, strict=True) if not isinstance(t, BaseException)}
