@@ -452,6 +452,20 @@ class SessionManager:
             raise SessionBusy(f"server is full ({self.max_sessions} sessions); retry later")
         return await self._restore(session_id, data, None, None, _saved_token(data))
 
+    async def checkpoint(self, session: Session) -> tuple[bytes, int]:
+        """A snapshot of `session` to bring it back elsewhere if this server dies (a cluster's
+        failover): like `snapshot`, with the resume token's hash, so `take_over` keeps the
+        token. Returns the bytes and the last chunk in them."""
+        data = self._host.get(session.id) or self._read_disk(session.id)
+        if data is not None:
+            return data, session.last_chunk
+        await session.hold(defer_steps=True)  # its client knows nothing of it: steps wait
+        try:
+            session._check_live()
+            return await self._snapshot_held(session, session.token_hash), session.last_chunk
+        finally:
+            session.unhold(defer_steps=True)
+
     def has_token(self, token: str) -> bool:
         """Whether a live session here answers to this resume token (no side effect)."""
         return token_hash(token) in self._by_token

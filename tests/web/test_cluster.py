@@ -43,6 +43,7 @@ class Running:
         config = ServerConfig(port=0, max_sessions=8)
         spec = ReplicaSpec(models=("tiny-world",), config=config, cpus=0.5)
         cluster = await Cluster.start(2, spec, b"k" * 32)
+        cluster.start_checkpoints(0.2)
         self.front = FrontEnd(cluster, config)
         await self.front.start()
         self._started.set()
@@ -81,9 +82,12 @@ def get(front: FrontEnd, path: str) -> dict:
 
 
 async def step_frames(ws, seq: int, actions: list[m.FrameAction]) -> np.ndarray:
+    """The frames of chunk seq + 1 (chunks sent again after a resume are dropped, as clients do)."""
     await send(ws, m.Step(seq=seq, actions=actions))
-    msg = (await recv_until(ws, m.Frames))[-1]
-    return np.asarray(msg.data)
+    while True:
+        msg = await recv(ws)
+        if isinstance(msg, m.Frames) and msg.chunk == seq + 1:
+            return np.asarray(msg.data)
 
 
 def test_sessions_spread_and_a_v1_client_sees_one_server(front: FrontEnd) -> None:
@@ -98,7 +102,7 @@ def test_sessions_spread_and_a_v1_client_sees_one_server(front: FrontEnd) -> Non
         per = sorted(int(r["sessions"]) for r in get(front, "/v1/cluster")["replicas"])
         assert per == [2, 2]  # placed by free device bytes: two each
         ws = sockets[0]
-        got = await step_frames(ws, 1, [W])
+        got = await step_frames(ws, 0, [W])
         assert got.shape[0] > 0
         await send(ws, m.Cancel(seq=2))  # nothing in flight: answered at once with the next chunk
         cancelled = await recv(ws)
@@ -173,5 +177,40 @@ def test_drain_moves_a_session_with_every_chunk_bit_identical(front: FrontEnd) -
         assert len(plain) == len(moved) == len(script)
         for a, b in zip(plain, moved, strict=True):
             assert np.array_equal(a, b)
+        for name in front.cluster.replicas:
+            await front.cluster._call(name, "undrain")
+
+    asyncio.run(main())
+
+
+def test_a_dead_replicas_session_resumes_elsewhere_from_its_checkpoint(front: FrontEnd) -> None:
+    script = [[W], [D], [W, D, W, D], [D], [W]]
+
+    async def main() -> None:
+        plain = []
+        ws = await dial(front)
+        await send(ws, m.Open(seed=11, mode="lockstep", codec="raw"))
+        await recv(ws)
+        for i, actions in enumerate(script):
+            plain.append(await step_frames(ws, i, actions))
+        await send(ws, m.Close())
+        await recv_until(ws, m.Closed)
+
+        ws = await dial(front)
+        await send(ws, m.Open(seed=11, mode="lockstep", codec="raw"))
+        ready = await recv(ws)
+        got = [await step_frames(ws, i, actions) for i, actions in enumerate(script[:3])]
+        while getattr(front.cluster.vault.get(ready.session_id), "chunk", 0) < 3:
+            await asyncio.sleep(0.1)  # checkpointed at chunk 3
+        name = ready.resume_token.split(".")[0]
+        ray.kill(front.cluster.replicas[name], no_restart=True)
+        again = await recv(ws)  # the relay found the session on the other replica
+        assert isinstance(again, m.Ready) and again.chunk == 3 and again.session_id == ready.session_id
+        got += [await step_frames(ws, i, actions) for i, actions in enumerate(script[3:], start=3)]
+        assert list(front.cluster.replicas) == ["replica-1" if name == "replica-0" else "replica-0"]
+        for a, b in zip(plain, got, strict=True):
+            assert np.array_equal(a, b)
+        await send(ws, m.Close())
+        await recv_until(ws, m.Closed)
 
     asyncio.run(main())

@@ -51,6 +51,14 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     cluster.add_argument("--detach-ttl", type=float, default=d.detach_ttl_s, help="seconds")
     cluster.add_argument("--retention", type=int, default=d.retention, help="rewind chunks")
     cluster.add_argument("--token", default=None, help=f"server token (or env {TOKEN_ENV}); guards drain too")
+    cluster.add_argument(
+        "--snapshot-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="checkpoint every session this often; a replica that dies brings its sessions back "
+        "on the others from their last checkpoint; 0: off (default: %(default)s)",
+    )
     cluster.set_defaults(run=_cluster)
 
     drain = commands.add_parser(
@@ -104,6 +112,8 @@ async def _run_cluster(
         cpus=0.0 if device == "cuda" else float(args.threads),
     )
     cluster = await Cluster.start(count, spec, secrets.token_bytes(32))
+    if args.snapshot_interval > 0:
+        cluster.start_checkpoints(args.snapshot_interval)
     front = FrontEnd(cluster, config)
     await front.start()
     print(f"worldserve: {count} {device} replicas; sessions at {front.ws_url} (protocol v1)", flush=True)

@@ -1,15 +1,18 @@
 """The control plane of a cluster: start replicas as Ray actors, place new sessions, find a
-token's session, drain a replica, and read every replica's figures.
+token's session, drain a replica, bring a dead replica's sessions back elsewhere, and read every
+replica's figures.
 
-Holds no session state: placement reads each replica's own figures, a token names the replica
-that made it (web/cluster/tokens.py), and a session moved by a drain is found by asking the
-replicas. So any number of front ends can share one set of replicas.
+Routing holds no session state: placement reads each replica's own figures, a token names the
+replica that made it (web/cluster/tokens.py), and a moved session is found by asking the
+replicas. The one state is the failover vault: with a checkpoint interval, the latest snapshot
+of every session (`Replica.checkpoints`), bounded in bytes; when a replica dies its sessions are
+restored from it on the others, each at the chunk of its last checkpoint.
 """
 
 import asyncio
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -27,6 +30,7 @@ CALL_TIMEOUT_S = 10.0  # a replica that answers no control call in this long is 
 START_TIMEOUT_S = 600.0  # loading the worlds (GPU weights) may take minutes
 LOCATE_TRIES = 10  # a moved session is asked for this many times, LOCATE_WAIT_S apart
 LOCATE_WAIT_S = 0.1
+FAILOVER_WAIT_S = 60.0  # how long a relay whose replica died waits for its session elsewhere
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,15 @@ class DrainReport:
     kept: list[str]
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A session's latest snapshot in the vault: where it lived, its last chunk, its bytes."""
+
+    replica: str
+    chunk: int
+    data: bytes
+
+
 def capacity(load: ReplicaLoad) -> int:
     """Sessions a replica can hold in all: its session cap, or fewer when its device budget
     (free bytes plus what its sessions use) holds fewer default-model sessions."""
@@ -62,12 +75,19 @@ def capacity(load: ReplicaLoad) -> int:
 class Cluster:
     """Replica handles by name, and the control calls on them (see the module docstring)."""
 
-    def __init__(self, replicas: dict[str, Any], urls: dict[str, str], secret: bytes) -> None:
+    def __init__(
+        self, replicas: dict[str, Any], urls: dict[str, str], secret: bytes, vault_bytes: int = 1 << 30
+    ) -> None:
+        """``vault_bytes``: memory for the failover vault (see the module docstring)."""
         self.replicas = replicas  # name -> Ray actor handle
         self.urls = urls  # name -> the replica's websocket URL
         self.signer = TokenSigner(secret)
         self._pending: Counter[str] = Counter()  # connections placed, not yet in the figures
         self._placing = asyncio.Lock()
+        self.vault: dict[str, Checkpoint] = {}  # session id -> its latest checkpoint, oldest first
+        self.vault_bytes = vault_bytes
+        self._failing: dict[str, asyncio.Task[None]] = {}  # replica -> its failover
+        self._checkpointer: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(cls, count: int, spec: ReplicaSpec, secret: bytes) -> "Cluster":
@@ -89,6 +109,8 @@ class Cluster:
 
     async def stop(self) -> None:
         """Stop every replica's server, then the actors."""
+        if self._checkpointer is not None:
+            self._checkpointer.cancel()
         await asyncio.gather(*(h.stop.remote() for h in self.replicas.values()), return_exceptions=True)
         for h in self.replicas.values():
             ray.kill(h)
@@ -151,15 +173,22 @@ class Cluster:
                 log.warning("= replica %s did not answer: %s", name, exc)
         return None
 
-    async def find_moved(self, token: str, previous: str) -> str | None:
+    async def find_moved(self, token: str, previous: str, died: bool = False) -> str | None:
         """Where a session went after its replica let go of it (a drain), asked a few times:
-        the move may still be finishing. None: nowhere (it ended)."""
-        for _ in range(LOCATE_TRIES):
+        the move may still be finishing. ``died``: the replica dropped the socket; if it is dead
+        the session comes back from its checkpoint (`suspect`), which takes longer. None:
+        nowhere (it ended, or had no checkpoint)."""
+        if died:
+            await self.suspect(previous)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (FAILOVER_WAIT_S if died else LOCATE_TRIES * LOCATE_WAIT_S)
+        while True:
             name = await self.locate(token)
             if name is not None and name != previous:
                 return name
+            if loop.time() >= deadline or (died and previous in self.replicas):
+                return None  # ended; or the replica lives and only closed this socket
             await asyncio.sleep(LOCATE_WAIT_S)
-        return None
 
     async def drain(self, name: str) -> DrainReport:
         """Move every session of replica ``name`` to the others (most free bytes first) and
@@ -197,6 +226,86 @@ class Cluster:
             await self._call(name, "keep", kept)
         log.info("= drained %s: %d sessions moved, %d kept", name, len(moved), len(kept))
         return DrainReport(name, moved, kept)
+
+    # -- failover -------------------------------------------------------------------------------
+
+    def start_checkpoints(self, interval_s: float) -> None:
+        """Checkpoint every replica's sessions every ``interval_s`` seconds from now on."""
+        self._checkpointer = asyncio.get_running_loop().create_task(self._checkpoint_loop(interval_s))
+
+    async def _checkpoint_loop(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            for name in list(self.replicas):
+                await self.checkpoint(name)
+
+    async def checkpoint(self, name: str) -> None:
+        """Take the new checkpoints of replica ``name`` into the vault (sessions that ended
+        there leave it); a dead replica's sessions fail over."""
+        since = {sid: c.chunk for sid, c in self.vault.items() if c.replica == name}
+        try:
+            live, fresh = await self._call(name, "checkpoints", since)
+        except ray.exceptions.RayActorError:
+            await self.suspect(name)
+            return
+        except Exception as exc:  # slow this round: its old checkpoints stay
+            log.warning("= replica %s not checkpointed: %s", name, exc)
+            return
+        for sid in set(since) - set(live):
+            del self.vault[sid]
+        for sid, (chunk, data) in fresh.items():
+            self.vault.pop(sid, None)  # to the end: the order is the age of the checkpoint
+            self.vault[sid] = Checkpoint(name, chunk, data)
+        while self.vault and sum(len(c.data) for c in self.vault.values()) > self.vault_bytes:
+            sid = next(iter(self.vault))
+            log.warning("= session %s has no checkpoint: the vault is full", sid)
+            del self.vault[sid]
+
+    async def suspect(self, name: str) -> None:
+        """A replica did not answer or dropped a socket: if it is dead, fail its sessions over
+        (once, however many relays noticed)."""
+        if name not in self.replicas:
+            return
+        task = self._failing.get(name)
+        if task is None:
+            try:
+                await self._call(name, "load")
+                return  # alive
+            except ray.exceptions.RayActorError:
+                pass
+            except Exception:  # slow, not dead: the next checkpoint round asks again
+                return
+            task = self._failing.get(name) or asyncio.ensure_future(self._fail_over(name))
+            self._failing[name] = task
+        await asyncio.shield(task)
+
+    async def _fail_over(self, name: str) -> None:
+        """Replica ``name`` died: forget it, and restore each of its sessions from its last
+        checkpoint on the others."""
+        self.replicas.pop(name, None)
+        self.urls.pop(name, None)
+        lost = {sid: c for sid, c in self.vault.items() if c.replica == name}
+        log.error("= replica %s died; %d sessions come back from their checkpoints", name, len(lost))
+        loads = [x for x in await self.loads() if not x["draining"] and not x["dead"]]
+        if not loads:
+            log.error("= no replica left to take the sessions of %s", name)
+            return
+        free = {str(x["name"]): int(x["free_bytes"]) for x in loads}  # type: ignore[call-overload]
+        cost = {str(x["name"]): int(x["session_bytes"]) for x in loads}  # type: ignore[call-overload]
+        batches: dict[str, dict[str, bytes]] = {t: {} for t in free}
+        for sid, c in lost.items():
+            target = max(free, key=lambda t: free[t])
+            batches[target][sid] = c.data
+            free[target] -= cost[target]
+        for target, batch in batches.items():
+            if not batch:
+                continue
+            taken = await asyncio.wait_for(self.replicas[target].take_over.remote(batch), START_TIMEOUT_S)
+            for sid in taken:
+                self.vault[sid] = replace(lost[sid], replica=target)
+        for sid in lost:
+            if self.vault.get(sid) is lost[sid]:  # no replica took it
+                del self.vault[sid]
 
     async def metrics(self) -> dict[str, bytes]:
         """Every answering replica's Prometheus text by name."""

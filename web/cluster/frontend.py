@@ -9,7 +9,10 @@ ways; only the server's messages up to the first `ready` are read, for the sessi
 codec. When the replica closes a socket with 1001 (its session was moved by a drain), the relay
 finds the session's new replica and attaches there with ``?resume=TOKEN``: the client sees one
 more `ready` and the chunks it has not acked again (clients drop chunks they already hold).
-Client messages wait meanwhile (the socket's own receive buffer bounds them).
+When a replica's socket drops without a close (1006) and the replica is dead, the session comes
+back on another replica from its last checkpoint (`Cluster.suspect`) and the relay attaches there
+the same way; that `ready`'s `chunk` is the checkpoint's, and the chunks after it are generated
+again. Client messages wait meanwhile (the socket's own receive buffer bounds them).
 
 HTTP: ``/healthz``, ``/metrics`` (every replica's, with a ``replica`` label, and the cluster's
 capacity), ``/v1/cluster`` (replicas and their figures), ``/v1/cluster/drain?replica=NAME``
@@ -49,6 +52,7 @@ __all__ = ["FrontEnd"]
 log = logging.getLogger(__name__)
 
 GOING_AWAY = 1001  # a replica let go of the session (drain) or is stopping
+ABNORMAL = 1006  # the socket dropped without a close: the replica may have died
 SNIFF_LIMIT = 8  # server messages read for the first `ready` at most (then: pass through)
 JSON = "application/json"
 PROXY_TIMEOUT_S = 10.0
@@ -279,12 +283,14 @@ class Relay:
             async for data in self.client:
                 while True:
                     await self._up.wait()
-                    assert self.upstream is not None
+                    up = self.upstream
+                    assert up is not None
                     try:
-                        await self.upstream.send(data)
+                        await up.send(data)
                         break
                     except ConnectionClosed:
-                        self._up.clear()  # `_outbound` reattaches (or ends the relay)
+                        if self.upstream is up:
+                            self._up.clear()  # `_outbound` reattaches (or ends the relay)
         except ConnectionClosed:
             pass
         self._client_gone = True  # the client left: its session detaches on the replica
@@ -305,15 +311,17 @@ class Relay:
                 return
             self._up.clear()
             code, reason = self.upstream.close_code, self.upstream.close_reason
-            if code == GOING_AWAY and self.token and await self._reattach():
+            moved = code in (GOING_AWAY, ABNORMAL) and self.token is not None
+            if moved and await self._reattach(died=code == ABNORMAL):
                 continue
             await self.client.close(code or 1011, reason or "")
             return
 
-    async def _reattach(self) -> bool:
-        """Attach to the replica the session moved to; False when it moved nowhere."""
+    async def _reattach(self, died: bool) -> bool:
+        """Attach to the replica the session moved to (``died``: its replica dropped the socket;
+        it may come back from its checkpoint); False when it moved nowhere."""
         assert self.token is not None
-        name = await self.cluster.find_moved(self.token, self.replica)
+        name = await self.cluster.find_moved(self.token, self.replica, died)
         if name is None:
             return False
         self.replica = name

@@ -138,6 +138,26 @@ class Replica:
         """The move of these sessions failed: they go on here (`Server.keep`)."""
         self._server().keep(session_ids)
 
+    async def checkpoints(self, since: dict[str, int]) -> tuple[list[str], dict[str, tuple[int, bytes]]]:
+        """For a failover: the ids of the sessions that live here, and a snapshot (last chunk,
+        bytes) of each whose last chunk differs from ``since`` (what the caller already holds).
+        A session that cannot be snapshotted now is left for the next round."""
+        manager = self._server().manager
+        live = [s for s in manager.sessions() if not s.status.is_finished and s.keep]
+        if self.draining:  # its sessions are held for the move: their checkpoints stay as they are
+            return [s.id for s in live], {}
+        fresh: dict[str, tuple[int, bytes]] = {}
+        for s in live:
+            if since.get(s.id) == s.last_chunk:
+                continue
+            try:
+                data, chunk = await manager.checkpoint(s)
+            except Exception as exc:  # closed meanwhile, or held by a drain
+                log.debug("= session %s not checkpointed: %s", s.id, exc)
+                continue
+            fresh[s.id] = (chunk, data)
+        return [s.id for s in live], fresh
+
     async def undrain(self) -> None:
         """Place new sessions here again."""
         self.draining = False
