@@ -126,6 +126,36 @@ def test_sessions_spread_and_a_v1_client_sees_one_server(front: FrontEnd) -> Non
     assert get(front, "/v1/models")[0]["id"] == "tiny-world"  # proxied to a replica
 
 
+def test_the_sdk_steps_reconnects_forks_and_generates_through_the_front_end(front: FrontEnd) -> None:
+    from web.errors import ErrorCode, ServerError
+    from web.sdk import attach, connect, generate
+
+    async def main() -> None:
+        async with connect(front.url, seed=3, mode="lockstep", codec="raw") as ref:
+            reference = [await ref.step({"keys": ["w"]}) for _ in range(4)]
+        async with connect(front.url, seed=3, mode="lockstep", codec="raw") as s:
+            assert np.array_equal(await s.step({"keys": ["w"]}), reference[0])
+            assert (await s.cancel()).chunk == 2
+            s._ws.transport.abort()  # the network drops
+            await asyncio.sleep(0.2)
+            assert (await s.reconnect()).chunk == 1
+            assert np.array_equal(await s.step({"keys": ["w"]}), reference[1])
+            name = s.ready.resume_token.split(".")[0]
+            await asyncio.to_thread(get, front, f"/v1/cluster/drain?replica={name}")  # moved meanwhile
+            assert np.array_equal(await s.step({"keys": ["w"]}), reference[2])
+            token = await s.fork()
+            async with attach(front.url, token, codec="raw") as f:
+                assert f.ready.chunk == 3 and np.array_equal(await f.step({"keys": ["w"]}), reference[3])
+            await front.cluster._call(name, "undrain")
+        g = await generate(front.url, chunks=2, actions=[{"keys": ["w"]}] * 2, seed=3, codec="raw")
+        assert np.array_equal(g.frames, np.concatenate(reference[:2])) and g.done.chunks == 2
+        with pytest.raises(ServerError) as info:
+            await generate(front.url, chunks=1, model="nope")
+        assert info.value.code is ErrorCode.NOT_FOUND and info.value.fatal
+
+    asyncio.run(main())
+
+
 def test_a_forged_or_altered_token_is_not_found(front: FrontEnd) -> None:
     async def main() -> None:
         ws = await dial(front)

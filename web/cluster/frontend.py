@@ -314,7 +314,9 @@ class Relay:
             moved = code in (GOING_AWAY, ABNORMAL) and self.token is not None
             if moved and await self._reattach(died=code == ABNORMAL):
                 continue
-            await self.client.close(code or 1011, reason or "")
+            if code is None or code == ABNORMAL:  # not a code one may send: the replica failed
+                code, reason = 1011, "replica lost"
+            await self.client.close(code, reason or "")
             return
 
     async def _reattach(self, died: bool) -> bool:
