@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -19,7 +20,7 @@ from web.hub import ServerConfig
 
 ray = pytest.importorskip("ray")
 
-from web.cluster.control import Cluster, ReplicaSpec  # noqa: E402  (needs ray)
+from web.cluster.control import Cluster, NoRoom, ReplicaSpec  # noqa: E402  (needs ray)
 from web.cluster.frontend import FrontEnd  # noqa: E402
 
 W = m.FrameAction(keys=("w",))
@@ -77,8 +78,15 @@ def front() -> Iterator[FrontEnd]:
 
 
 def get(front: FrontEnd, path: str) -> dict:
+    """GET a JSON path; an admin job's path (drain, remove, add) is waited for: its final state."""
     with urllib.request.urlopen(front.url + path, timeout=120) as reply:
-        return json.loads(reply.read())
+        body = json.loads(reply.read())
+    if reply.status != 202:
+        return body
+    while (state := get(front, body["job"]))["state"] == "running":
+        time.sleep(0.1)
+    assert state["state"] == "done", state
+    return state
 
 
 async def step_frames(ws, seq: int, actions: list[m.FrameAction]) -> np.ndarray:
@@ -211,6 +219,40 @@ def test_drain_moves_a_session_with_every_chunk_bit_identical(front: FrontEnd) -
             await front.cluster._call(name, "undrain")
 
     asyncio.run(main())
+
+
+def test_a_replica_is_added_and_removed_while_serving(front: FrontEnd) -> None:
+    async def main() -> None:
+        added = (await asyncio.to_thread(get, front, "/v1/cluster/add"))["replica"]
+        assert added == "replica-2"
+        sockets = []
+        for seed in range(3):
+            ws = await dial(front)
+            await send(ws, m.Open(seed=seed, mode="lockstep", codec="raw"))
+            assert isinstance(await recv(ws), m.Ready)
+            sockets.append(ws)
+        loads = (await asyncio.to_thread(get, front, "/v1/cluster"))["replicas"]
+        assert sorted((x["name"], x["sessions"]) for x in loads) == [
+            ("replica-0", 1),
+            ("replica-1", 1),
+            ("replica-2", 1),
+        ]
+        report = await asyncio.to_thread(get, front, f"/v1/cluster/remove?replica={added}")
+        assert len(report["moved"]) == 1 and not report["kept"]
+        assert sorted(front.cluster.replicas) == ["replica-0", "replica-1"]
+        for ws in sockets:
+            assert (await step_frames(ws, 0, [W])).shape[0] > 0  # the moved one too
+            await send(ws, m.Close())
+            await recv_until(ws, m.Closed)
+
+    asyncio.run(main())
+
+
+def test_a_replica_with_no_room_is_refused_at_once(front: FrontEnd) -> None:
+    greedy = Cluster(ReplicaSpec(models=("tiny-world",), config=ServerConfig(), cpus=1000.0), b"k" * 32)
+    with pytest.raises(NoRoom, match="1000 CPU"):
+        asyncio.run(greedy.add())
+    assert greedy.replicas == {}
 
 
 def test_a_dead_replicas_session_resumes_elsewhere_from_its_checkpoint(front: FrontEnd) -> None:

@@ -10,9 +10,10 @@ import os
 import secrets
 import signal
 import sys
+import time
 import urllib.error
 import urllib.request
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from models.names import DEFAULT_MODEL
 from web.hub import ServerConfig
@@ -20,6 +21,7 @@ from web.hub import ServerConfig
 __all__ = ["register"]
 
 TOKEN_ENV = "WORLDSERVE_TOKEN"
+JOB_POLL_S = 0.5
 
 
 def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -67,7 +69,13 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     drain.add_argument("replica", help="replica name, e.g. replica-0 (see GET /v1/cluster)")
     drain.add_argument("--url", default="http://127.0.0.1:8000", help="the front end (default: %(default)s)")
     drain.add_argument("--token", default=None, help=f"server token (or env {TOKEN_ENV})")
+    drain.add_argument("--remove", action="store_true", help="then stop the replica (scale down)")
     drain.set_defaults(run=_drain)
+
+    add = commands.add_parser("add-replica", help="start one more replica in a running cluster (scale up)")
+    add.add_argument("--url", default="http://127.0.0.1:8000", help="the front end (default: %(default)s)")
+    add.add_argument("--token", default=None, help=f"server token (or env {TOKEN_ENV})")
+    add.set_defaults(run=_add)
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -92,7 +100,13 @@ def _cluster(args: argparse.Namespace) -> int:
         retention=args.retention,
         realtime_headroom=0.0,
     )
-    asyncio.run(_run_cluster(args, config, count, device, dtype))
+    from web.cluster.control import NoRoom
+
+    try:
+        asyncio.run(_run_cluster(args, config, count, device, dtype))
+    except NoRoom as exc:
+        print(f"worldserve: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -110,6 +124,7 @@ async def _run_cluster(
         threads=args.threads,
         gpus=1.0 if device == "cuda" else 0.0,
         cpus=0.0 if device == "cuda" else float(args.threads),
+        host="127.0.0.1" if args.ray == "local" else None,  # Ray started here: one machine
     )
     cluster = await Cluster.start(count, spec, secrets.token_bytes(32))
     if args.snapshot_interval > 0:
@@ -126,21 +141,49 @@ async def _run_cluster(
     await cluster.stop()
 
 
-def _drain(args: argparse.Namespace) -> int:
-    token = args.token or os.environ.get(TOKEN_ENV)
-    url = args.url.rstrip("/") + "/v1/cluster/drain?" + urlencode({"replica": args.replica})
+def _admin(url: str, token: str | None) -> dict | None:
+    """Start an admin job on the front end and wait for it; its final state, or None (after
+    printing why) when it failed."""
+    token = token or os.environ.get(TOKEN_ENV)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    base = urlsplit(url)
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=600) as reply:
-            report = json.loads(reply.read())
+        job = _get(url, headers)["job"]
+        while True:
+            state = _get(f"{base.scheme}://{base.netloc}{job}", headers)
+            if state["state"] != "running":
+                break
+            time.sleep(JOB_POLL_S)
     except urllib.error.HTTPError as exc:
-        print(
-            f"worldserve: error: drain {args.replica}: {exc.code} {exc.read().decode().strip()}",
-            file=sys.stderr,
-        )
-        return 1
+        print(f"worldserve: error: {exc.code} {exc.read().decode().strip()}", file=sys.stderr)
+        return None
     except OSError as exc:
-        print(f"worldserve: error: cannot reach {args.url}: {exc}", file=sys.stderr)
+        print(f"worldserve: error: cannot reach {url}: {exc}", file=sys.stderr)
+        return None
+    if state["state"] == "failed":
+        print(f"worldserve: error: {state.get('error')}", file=sys.stderr)
+        return None
+    return state
+
+
+def _get(url: str, headers: dict[str, str]) -> dict:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as reply:
+        return json.loads(reply.read())
+
+
+def _drain(args: argparse.Namespace) -> int:
+    action = "remove" if args.remove else "drain"
+    query = urlencode({"replica": args.replica})
+    report = _admin(f"{args.url.rstrip('/')}/v1/cluster/{action}?{query}", args.token)
+    if report is None:
         return 1
-    print(f"{report['replica']}: {len(report['moved'])} sessions moved, {len(report['kept'])} kept")
+    print(f"{args.replica}: {len(report['moved'])} sessions moved, {len(report['kept'])} kept")
     return 0 if not report["kept"] else 1
+
+
+def _add(args: argparse.Namespace) -> int:
+    report = _admin(f"{args.url.rstrip('/')}/v1/cluster/add", args.token)
+    if report is None:
+        return 1
+    print(f"{report['replica']} serving")
+    return 0

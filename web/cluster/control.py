@@ -10,6 +10,7 @@ restored from it on the others, each at the chunk of its last checkpoint.
 """
 
 import asyncio
+import functools
 import logging
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ from web.cluster.replica import Replica, ReplicaLoad
 from web.cluster.tokens import TokenSigner
 from web.hub import ServerConfig
 
-__all__ = ["Cluster", "DrainReport", "ReplicaSpec", "capacity"]
+__all__ = ["Cluster", "DrainReport", "NoRoom", "ReplicaSpec", "capacity"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,10 @@ START_TIMEOUT_S = 600.0  # loading the worlds (GPU weights) may take minutes
 LOCATE_TRIES = 10  # a moved session is asked for this many times, LOCATE_WAIT_S apart
 LOCATE_WAIT_S = 0.1
 FAILOVER_WAIT_S = 60.0  # how long a relay whose replica died waits for its session elsewhere
+
+
+class NoRoom(RuntimeError):
+    """The Ray cluster has no free resources for one more replica."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class ReplicaSpec:
     threads: int = 1  # torch threads of each replica's engine
     gpus: float = 0.0  # Ray resources each replica asks for
     cpus: float = 1.0
+    host: str | None = "127.0.0.1"  # where replicas listen (None: their node's address)
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,12 @@ class Checkpoint:
     data: bytes
 
 
+@functools.cache
+def _actor() -> Any:
+    """The replica's Ray actor class (made once)."""
+    return ray.remote(Replica)
+
+
 def capacity(load: ReplicaLoad) -> int:
     """Sessions a replica can hold in all: its session cap, or fewer when its device budget
     (free bytes plus what its sessions use) holds fewer default-model sessions."""
@@ -75,13 +87,15 @@ def capacity(load: ReplicaLoad) -> int:
 class Cluster:
     """Replica handles by name, and the control calls on them (see the module docstring)."""
 
-    def __init__(
-        self, replicas: dict[str, Any], urls: dict[str, str], secret: bytes, vault_bytes: int = 1 << 30
-    ) -> None:
-        """``vault_bytes``: memory for the failover vault (see the module docstring)."""
-        self.replicas = replicas  # name -> Ray actor handle
-        self.urls = urls  # name -> the replica's websocket URL
+    def __init__(self, spec: ReplicaSpec, secret: bytes, vault_bytes: int = 1 << 30) -> None:
+        """No replica yet (`start`, `add`); ``vault_bytes``: memory for the failover vault (see
+        the module docstring)."""
+        self.spec = spec
+        self.secret = secret
+        self.replicas: dict[str, Any] = {}  # name -> Ray actor handle
+        self.urls: dict[str, str] = {}  # name -> the replica's websocket URL
         self.signer = TokenSigner(secret)
+        self._next = 0  # the number of the next replica's name
         self._pending: Counter[str] = Counter()  # connections placed, not yet in the figures
         self._placing = asyncio.Lock()
         self.vault: dict[str, Checkpoint] = {}  # session id -> its latest checkpoint, oldest first
@@ -91,21 +105,67 @@ class Cluster:
 
     @classmethod
     async def start(cls, count: int, spec: ReplicaSpec, secret: bytes) -> "Cluster":
-        """Start ``count`` replicas (named replica-0 ...) on the Ray cluster this process joined."""
-        actor = ray.remote(Replica)
-        handles = {
-            f"replica-{i}": actor.options(
-                name=f"replica-{i}", namespace=NAMESPACE, num_gpus=spec.gpus, num_cpus=spec.cpus
-            ).remote(
-                f"replica-{i}", list(spec.models), spec.config, secret, spec.device, spec.dtype, spec.threads
+        """``count`` replicas (named replica-0 ...) on the Ray cluster this process joined."""
+        cluster = cls(spec, secret)
+        cluster._check_room(count)  # the adds below each see the room before any takes it
+        await asyncio.gather(*(cluster.add() for _ in range(count)))
+        return cluster
+
+    def _check_room(self, count: int) -> None:
+        """NoRoom unless the Ray cluster has the resources of ``count`` more replicas free (Ray
+        would wait for a node with room forever)."""
+        spec, free = self.spec, ray.available_resources()
+        gpus, cpus = free.get("GPU", 0.0), free.get("CPU", 0.0)
+        if count * spec.gpus > gpus or count * spec.cpus > cpus:
+            raise NoRoom(
+                f"{count} replicas need {count * spec.gpus:g} GPU and {count * spec.cpus:g} CPU; "
+                f"the Ray cluster has {gpus:g} GPU and {cpus:g} CPU free"
             )
-            for i in range(count)
-        }
-        names = list(handles)
-        urls = await asyncio.wait_for(
-            asyncio.gather(*(handles[n].start.remote() for n in names)), START_TIMEOUT_S
+
+    async def add(self) -> str:
+        """Start one more replica (it serves once its worlds are loaded); returns its name."""
+        spec = self.spec
+        self._check_room(1)
+        name = f"replica-{self._next}"
+        self._next += 1
+        handle = (
+            _actor()
+            .options(name=name, namespace=NAMESPACE, num_gpus=spec.gpus, num_cpus=spec.cpus)
+            .remote(
+                name,
+                list(spec.models),
+                spec.config,
+                self.secret,
+                spec.device,
+                spec.dtype,
+                spec.threads,
+                spec.host,
+            )
         )
-        return cls(handles, dict(zip(names, urls, strict=True)), secret)
+        try:
+            url = await asyncio.wait_for(handle.start.remote(), START_TIMEOUT_S)
+        except BaseException:
+            ray.kill(handle)
+            raise
+        self.replicas[name] = handle
+        self.urls[name] = url
+        log.info("= replica %s serving at %s", name, url)
+        return name
+
+    async def remove(self, name: str) -> DrainReport:
+        """Drain replica ``name``, then stop it; when a session found no other replica, it
+        stays and serves on (the report lists it)."""
+        report = await self.drain(name)
+        if report.kept:
+            return report
+        handle = self.replicas.pop(name)
+        self.urls.pop(name, None)
+        try:
+            await asyncio.wait_for(handle.stop.remote(), CALL_TIMEOUT_S)
+        finally:
+            ray.kill(handle)
+        log.info("= replica %s removed", name)
+        return report
 
     async def stop(self) -> None:
         """Stop every replica's server, then the actors."""

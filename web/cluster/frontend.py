@@ -15,8 +15,10 @@ the same way; that `ready`'s `chunk` is the checkpoint's, and the chunks after i
 again. Client messages wait meanwhile (the socket's own receive buffer bounds them).
 
 HTTP: ``/healthz``, ``/metrics`` (every replica's, with a ``replica`` label, and the cluster's
-capacity), ``/v1/cluster`` (replicas and their figures), ``/v1/cluster/drain?replica=NAME``
-(needs the server token when there is one; from loopback only when there is none), and any
+capacity), ``/v1/cluster`` (replicas and their figures), the admin paths
+``/v1/cluster/drain?replica=NAME``, ``/v1/cluster/remove?replica=NAME`` and ``/v1/cluster/add``
+(jobs: answered 202 with a ``/v1/cluster/jobs/ID`` to poll; they need the server token when
+there is one, and come from loopback only when there is none), and any
 other path from the replicas (models, the protocol schema, session logs, the browser client).
 """
 
@@ -56,6 +58,10 @@ ABNORMAL = 1006  # the socket dropped without a close: the replica may have died
 SNIFF_LIMIT = 8  # server messages read for the first `ready` at most (then: pass through)
 JSON = "application/json"
 PROXY_TIMEOUT_S = 10.0
+ADMIN = frozenset({"/v1/cluster/drain", "/v1/cluster/remove", "/v1/cluster/add"})
+JOBS = "/v1/cluster/jobs/"
+MAX_JOBS = 64  # jobs remembered (the oldest finished ones are forgotten first)
+MAX_JOBS_RUNNING = 8
 
 
 class FrontEnd:
@@ -71,6 +77,8 @@ class FrontEnd:
             loopback_hosts_only=is_loopback(config.host),
         )
         self._ws: WsServer | None = None
+        self._jobs: dict[str, dict[str, object]] = {}  # admin jobs by id, the oldest first
+        self._tasks: set[asyncio.Task[None]] = set()  # their tasks (kept: the loop holds weak refs)
 
     @property
     def port(self) -> int:
@@ -138,8 +146,10 @@ class FrontEnd:
         if path == "/v1/cluster":
             body = json.dumps(await self._figures()).encode()
             return _response(http.HTTPStatus.OK, body, JSON)
-        if path == "/v1/cluster/drain":
-            return await self._drain(connection, request)
+        if path in ADMIN:
+            return await self._admin(connection, request, path.rpartition("/")[2])
+        if path.startswith(JOBS):
+            return self._job(connection, request, path.removeprefix(JOBS))
         return await asyncio.get_running_loop().run_in_executor(None, self._proxy, request)
 
     async def _figures(self) -> dict[str, object]:
@@ -183,22 +193,59 @@ class FrontEnd:
             http.HTTPStatus.OK, merge(texts, cluster), "text/plain; version=0.0.4; charset=utf-8"
         )
 
-    async def _drain(self, connection: ServerConnection, request: Request) -> Response:
+    async def _admin(self, connection: ServerConnection, request: Request, action: str) -> Response:
+        """Start a drain, a remove (drain, then stop) or an add of a replica as a job, answered
+        at once (202 and the job's path: `_job`), since it can outlast an HTTP request; with the
+        server token when there is one, else from loopback only."""
+        if not self._admitted(connection, request):
+            return _response(http.HTTPStatus.UNAUTHORIZED, b"missing or wrong token\n")
+        name = parse_qs(urlsplit(request.path).query).get("replica", [""])[0]
+        if action != "add" and name not in self.cluster.replicas:
+            return _response(http.HTTPStatus.NOT_FOUND, f"no replica {name!r}\n".encode())
+        if sum(1 for j in self._jobs.values() if j.get("state") == "running") >= MAX_JOBS_RUNNING:
+            return _response(http.HTTPStatus.SERVICE_UNAVAILABLE, b"too many cluster jobs running\n")
+        job_id = secrets.token_hex(8)
+        self._jobs[job_id] = {"action": action, "replica": name or None, "state": "running"}
+        while len(self._jobs) > MAX_JOBS:  # the oldest finished ones go
+            oldest = next((k for k, j in self._jobs.items() if j["state"] != "running"), None)
+            if oldest is None:
+                break
+            del self._jobs[oldest]
+        task = asyncio.get_running_loop().create_task(self._run_job(job_id, action, name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        body = json.dumps({"job": f"/v1/cluster/jobs/{job_id}"}).encode()
+        return _response(http.HTTPStatus.ACCEPTED, body, JSON)
+
+    async def _run_job(self, job_id: str, action: str, name: str) -> None:
+        job = self._jobs[job_id]
+        try:
+            if action == "add":
+                job["replica"] = await self.cluster.add()
+            else:
+                report = await (self.cluster.remove(name) if action == "remove" else self.cluster.drain(name))
+                job.update(moved=report.moved, kept=report.kept)
+            job["state"] = "done"
+        except Exception as exc:  # reported to whoever asks for the job
+            log.exception("= cluster job %s (%s %s) failed", job_id, action, name)
+            job.update(state="failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _job(self, connection: ServerConnection, request: Request, job_id: str) -> Response:
+        if not self._admitted(connection, request):
+            return _response(http.HTTPStatus.UNAUTHORIZED, b"missing or wrong token\n")
+        job = self._jobs.get(job_id)
+        if job is None:
+            return _response(http.HTTPStatus.NOT_FOUND, b"no such job\n")
+        return _response(http.HTTPStatus.OK, json.dumps(job).encode(), JSON)
+
+    def _admitted(self, connection: ServerConnection, request: Request) -> bool:
+        """The server token (``Authorization: Bearer``) when there is one, else a loopback peer."""
         want = self.config.token
         if want is None:
             peer = connection.remote_address
-            allowed = peer is not None and is_loopback(str(peer[0]))
-        else:
-            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-            allowed = secrets.compare_digest(given.encode(), want.encode())
-        if not allowed:
-            return _response(http.HTTPStatus.UNAUTHORIZED, b"missing or wrong token\n")
-        name = parse_qs(urlsplit(request.path).query).get("replica", [""])[0]
-        if name not in self.cluster.replicas:
-            return _response(http.HTTPStatus.NOT_FOUND, f"no replica {name!r}\n".encode())
-        report = await self.cluster.drain(name)
-        body = {"replica": report.replica, "moved": report.moved, "kept": report.kept}
-        return _response(http.HTTPStatus.OK, json.dumps(body).encode(), JSON)
+            return peer is not None and is_loopback(str(peer[0]))
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        return secrets.compare_digest(given.encode(), want.encode())
 
     def _proxy(self, request: Request) -> Response:
         """A plain GET answered by the replicas: the first that does not answer 404 (a session

@@ -52,8 +52,12 @@ class Replica:
         device: str = "cpu",
         dtype: str = "float32",
         threads: int = 1,
+        host: str | None = "127.0.0.1",
     ) -> None:
+        """``host``: where the replica listens for its front end (loopback: a one-machine
+        cluster, where nothing else should reach it; None: this node's address)."""
         self.name = name
+        self.host = host
         self.models = models
         self.config = config
         self.signer = TokenSigner(secret)
@@ -74,7 +78,7 @@ class Replica:
         # cap; and the replica listens where the front end can reach it.
         config = replace(
             self.config,
-            host=node_address(),
+            host=self.host or node_address(),
             port=0,
             max_connections_per_address=0,
             engine_threads=self.threads,
