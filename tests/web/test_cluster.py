@@ -221,6 +221,37 @@ def test_drain_moves_a_session_with_every_chunk_bit_identical(front: FrontEnd) -
     asyncio.run(main())
 
 
+def test_a_realtime_session_streams_on_through_a_drain_with_no_chunk_missing(front: FrontEnd) -> None:
+    async def main() -> None:
+        ws = await dial(front)
+        await send(ws, m.Open(seed=5, mode="realtime", codec="jpeg", max_ahead=2))
+        ready = await recv(ws)
+        replica = ready.resume_token.split(".")[0]
+        chunks: list[int] = []
+        readies = 0
+        drain = None
+        while len(chunks) < 10:
+            msg = await recv(ws)
+            readies += isinstance(msg, m.Ready)
+            if isinstance(msg, m.Frames):
+                if msg.chunk not in chunks:
+                    chunks.append(msg.chunk)
+                await send(ws, m.Ack(chunk=msg.chunk))
+                await send(ws, m.Action(seq=msg.chunk, keys=("w",)))
+                if len(chunks) == 3 and drain is None:
+                    drain = asyncio.create_task(
+                        asyncio.to_thread(get, front, f"/v1/cluster/drain?replica={replica}")
+                    )
+        report = await drain
+        assert len(report["moved"]) == 1 and readies == 1
+        assert chunks == list(range(1, 11))  # none missing, none twice
+        await send(ws, m.Close())
+        await recv_until(ws, m.Closed)
+        await front.cluster._call(replica, "undrain")
+
+    asyncio.run(main())
+
+
 def test_a_replica_is_added_and_removed_while_serving(front: FrontEnd) -> None:
     async def main() -> None:
         added = (await asyncio.to_thread(get, front, "/v1/cluster/add"))["replica"]
