@@ -13,7 +13,9 @@ Each run measures
   first frame that applied it, p50/p99;
 - ping -> pong through the front end and, for the cluster, straight to a replica (the bare
   cost of the hop, no engine work);
-- placement: sessions per replica after the K opens.
+- placement: sessions per replica after the K opens;
+- drain (R > 1): seconds to move the busiest replica's sessions, and until the last moved client
+  has its `ready`.
 Besides: the round trip of a Ray actor call carrying one raw tiny-world chunk (4x64x64x3 bytes),
 the cost a frame would pay per chunk if the front end pulled frames by actor calls instead.
 
@@ -31,6 +33,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection
@@ -41,6 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from web import codec as wire
 from web import messages as m
 from web.hub import ServerConfig
+
+if TYPE_CHECKING:
+    from web.cluster.control import Cluster
 
 RESULTS = Path(__file__).parent / "results"
 KEYS = ["w", "d", "s", "a"]
@@ -183,6 +189,7 @@ async def cluster(args: argparse.Namespace, replicas: int) -> dict:
             await recv(ws)
         placement = {str(x["name"]): int(x["sessions"]) for x in await group.loads()}
         for ws in opened:
+            await ws.send(wire.encode(m.Close()))
             await ws.close()
         await asyncio.sleep(0.5)
         figures = await load(front.ws_url, args.sessions, args.steps, args.seconds)
@@ -191,10 +198,52 @@ async def cluster(args: argparse.Namespace, replicas: int) -> dict:
         figures["ping_direct_to_replica_ms"] = {"p50": pct(direct, 50), "p99": pct(direct, 99)}
         figures["placement"] = placement
         figures["replicas_start_s"] = round(start_s, 1)
+        if replicas > 1:
+            figures["drain"] = await drain_time(front.ws_url, group, args.sessions)
     finally:
         await front.stop()
         await group.stop()
     return figures
+
+
+async def drain_time(url: str, group: Cluster, sessions: int) -> dict:
+    """Seconds to drain the replica holding the most of `sessions` fresh lockstep sessions
+    (one chunk each), and until the last moved client has its `ready` from the new replica."""
+    opened: dict[str, ClientConnection] = {}
+    for i in range(sessions):
+        ws = await dial(url)
+        await ws.send(wire.encode(m.Open(seed=i, mode="lockstep", codec="jpeg")))
+        ready = await recv(ws)
+        assert isinstance(ready, m.Ready)
+        await ws.send(wire.encode(m.Step(seq=0, actions=[m.FrameAction()])))
+        while not isinstance(await recv(ws), m.Frames):
+            pass
+        opened[ready.session_id] = ws
+    loads = await group.loads()
+    busiest = str(max(loads, key=lambda x: int(x["sessions"]))["name"])  # type: ignore[call-overload]
+    started = time.perf_counter()
+
+    async def resumed(ws: ClientConnection) -> float:
+        while not isinstance(await recv(ws), m.Ready):
+            pass
+        return time.perf_counter() - started
+
+    waits = {sid: asyncio.create_task(resumed(ws)) for sid, ws in opened.items()}
+    report = await group.drain(busiest)
+    drained = time.perf_counter() - started
+    back = [await asyncio.wait_for(waits[sid], 60) for sid in report.moved if sid in waits]
+    for sid, task in waits.items():
+        if sid not in report.moved:
+            task.cancel()
+    for ws in opened.values():
+        await ws.send(wire.encode(m.Close()))
+        await ws.close()
+    return {
+        "replica": busiest,
+        "sessions_moved": len(report.moved),
+        "drain_s": round(drained, 3),
+        "last_client_ready_s": round(max(back, default=0.0), 3),
+    }
 
 
 def actor_call_ms(n: int = 200) -> dict:
