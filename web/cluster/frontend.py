@@ -46,7 +46,7 @@ from web.cluster.control import Cluster, capacity
 from web.cluster.metrics import merge
 from web.errors import ErrorCode, ProtocolError, close_code
 from web.hub import ServerConfig
-from web.routes import SESSION_PATH, _response
+from web.routes import SESSION_PATH, http_response
 from web.server import HARD_LIMIT_FACTOR, SNAPSHOT_SLACK
 
 __all__ = ["FrontEnd"]
@@ -129,14 +129,19 @@ class FrontEnd:
                 return
             await Relay(self.cluster, client, name, query, token, placed=False).run()
             return
-        await Relay(self.cluster, client, await self.cluster.place(), query, None, placed=True).run()
+        try:
+            name = await self.cluster.place()
+        except RuntimeError as exc:  # no replica answers
+            await _refuse(client, ErrorCode.BUSY, f"{exc}; retry later")
+            return
+        await Relay(self.cluster, client, name, query, None, placed=True).run()
 
     # -- HTTP -----------------------------------------------------------------------------------
 
     async def _route(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.partition("?")[0]
         if not self.admission.host_allowed(request):
-            return _response(http.HTTPStatus.FORBIDDEN, b"host not allowed\n")
+            return http_response(http.HTTPStatus.FORBIDDEN, b"host not allowed\n")
         if path == SESSION_PATH:
             return self.admission(connection, request)
         if path == "/healthz":
@@ -145,7 +150,7 @@ class FrontEnd:
             return await self._metrics()
         if path == "/v1/cluster":
             body = json.dumps(await self._figures()).encode()
-            return _response(http.HTTPStatus.OK, body, JSON)
+            return http_response(http.HTTPStatus.OK, body, JSON)
         if path in ADMIN:
             return await self._admin(connection, request, path.rpartition("/")[2])
         if path.startswith(JOBS):
@@ -174,7 +179,7 @@ class FrontEnd:
             "capacity_sessions": figures["capacity_sessions"],
         }
         status = http.HTTPStatus.OK if ok else http.HTTPStatus.SERVICE_UNAVAILABLE
-        return _response(status, json.dumps(body).encode(), JSON)
+        return http_response(status, json.dumps(body).encode(), JSON)
 
     async def _metrics(self) -> Response:
         texts = await self.cluster.metrics()
@@ -189,7 +194,7 @@ class FrontEnd:
             ),
             "worldserve_cluster_sessions": (figures["sessions"], "sessions on every replica"),
         }
-        return _response(
+        return http_response(
             http.HTTPStatus.OK, merge(texts, cluster), "text/plain; version=0.0.4; charset=utf-8"
         )
 
@@ -198,12 +203,12 @@ class FrontEnd:
         at once (202 and the job's path: `_job`), since it can outlast an HTTP request; with the
         server token when there is one, else from loopback only."""
         if not self._admitted(connection, request):
-            return _response(http.HTTPStatus.UNAUTHORIZED, b"missing or wrong token\n")
+            return http_response(http.HTTPStatus.UNAUTHORIZED, b"missing or wrong token\n")
         name = parse_qs(urlsplit(request.path).query).get("replica", [""])[0]
         if action != "add" and name not in self.cluster.replicas:
-            return _response(http.HTTPStatus.NOT_FOUND, f"no replica {name!r}\n".encode())
+            return http_response(http.HTTPStatus.NOT_FOUND, f"no replica {name!r}\n".encode())
         if sum(1 for j in self._jobs.values() if j.get("state") == "running") >= MAX_JOBS_RUNNING:
-            return _response(http.HTTPStatus.SERVICE_UNAVAILABLE, b"too many cluster jobs running\n")
+            return http_response(http.HTTPStatus.SERVICE_UNAVAILABLE, b"too many cluster jobs running\n")
         job_id = secrets.token_hex(8)
         self._jobs[job_id] = {"action": action, "replica": name or None, "state": "running"}
         while len(self._jobs) > MAX_JOBS:  # the oldest finished ones go
@@ -215,7 +220,7 @@ class FrontEnd:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         body = json.dumps({"job": f"/v1/cluster/jobs/{job_id}"}).encode()
-        return _response(http.HTTPStatus.ACCEPTED, body, JSON)
+        return http_response(http.HTTPStatus.ACCEPTED, body, JSON)
 
     async def _run_job(self, job_id: str, action: str, name: str) -> None:
         job = self._jobs[job_id]
@@ -232,11 +237,11 @@ class FrontEnd:
 
     def _job(self, connection: ServerConnection, request: Request, job_id: str) -> Response:
         if not self._admitted(connection, request):
-            return _response(http.HTTPStatus.UNAUTHORIZED, b"missing or wrong token\n")
+            return http_response(http.HTTPStatus.UNAUTHORIZED, b"missing or wrong token\n")
         job = self._jobs.get(job_id)
         if job is None:
-            return _response(http.HTTPStatus.NOT_FOUND, b"no such job\n")
-        return _response(http.HTTPStatus.OK, json.dumps(job).encode(), JSON)
+            return http_response(http.HTTPStatus.NOT_FOUND, b"no such job\n")
+        return http_response(http.HTTPStatus.OK, json.dumps(job).encode(), JSON)
 
     def _admitted(self, connection: ServerConnection, request: Request) -> bool:
         """The server token (``Authorization: Bearer``) when there is one, else a loopback peer."""
@@ -250,7 +255,7 @@ class FrontEnd:
     def _proxy(self, request: Request) -> Response:
         """A plain GET answered by the replicas: the first that does not answer 404 (a session
         log lives on one replica; everything else is the same on each)."""
-        last = _response(http.HTTPStatus.NOT_FOUND, b"not found\n")
+        last = http_response(http.HTTPStatus.NOT_FOUND, b"not found\n")
         for url in self.cluster.urls.values():
             base = url.replace("ws://", "http://", 1).removesuffix(SESSION_PATH)
             headers = {k: v for k, v in request.headers.raw_items() if k.lower() == "authorization"}
@@ -263,7 +268,7 @@ class FrontEnd:
                 status, body, kind = exc.code, exc.read(), exc.headers.get("Content-Type", "text/plain")
             except OSError:
                 continue
-            last = _response(http.HTTPStatus(status), body, kind)
+            last = http_response(http.HTTPStatus(status), body, kind)
             if status != http.HTTPStatus.NOT_FOUND:
                 return last
         return last
