@@ -278,7 +278,7 @@ class Cluster:
         moved: dict[str, str] = {}
         for target, batch in batches.items():
             if batch:
-                taken = await asyncio.wait_for(self.replicas[target].take_over.remote(batch), START_TIMEOUT_S)
+                taken = await self._take_over(target, batch)
                 moved.update({sid: target for sid in taken})
         kept = [sid for sid in handed if sid not in moved]
         await self._call(name, "let_go", list(moved))
@@ -297,7 +297,10 @@ class Cluster:
         while True:
             await asyncio.sleep(interval_s)
             for name in list(self.replicas):
-                await self.checkpoint(name)
+                try:
+                    await self.checkpoint(name)
+                except Exception:  # one round's failure must not end the checkpoints
+                    log.exception("= checkpoint of replica %s failed", name)
 
     async def checkpoint(self, name: str) -> None:
         """Take the new checkpoints of replica ``name`` into the vault (sessions that ended
@@ -360,12 +363,21 @@ class Cluster:
         for target, batch in batches.items():
             if not batch:
                 continue
-            taken = await asyncio.wait_for(self.replicas[target].take_over.remote(batch), START_TIMEOUT_S)
+            taken = await self._take_over(target, batch)
             for sid in taken:
                 self.vault[sid] = replace(lost[sid], replica=target)
         for sid in lost:
             if self.vault.get(sid) is lost[sid]:  # no replica took it
                 del self.vault[sid]
+
+    async def _take_over(self, target: str, batch: dict[str, bytes]) -> list[str]:
+        """`Replica.take_over` on ``target``; a replica that fails takes none (the caller keeps
+        or drops them) instead of leaving a drain half done."""
+        try:
+            return await asyncio.wait_for(self.replicas[target].take_over.remote(batch), START_TIMEOUT_S)
+        except Exception as exc:
+            log.error("= replica %s took none of %d sessions: %s", target, len(batch), exc)
+            return []
 
     async def metrics(self) -> dict[str, bytes]:
         """Every answering replica's Prometheus text by name."""
