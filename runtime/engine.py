@@ -949,6 +949,15 @@ class EngineThread:
         a dict the engine thread changes, so a figure for /metrics, not for decisions)."""
         return self.engine.memory.used_bytes
 
+    def free_bytes(self) -> int:
+        """Device bytes of the budget no session takes now (a figure, as `used_bytes`): what a
+        cluster front end places new sessions by."""
+        return self.engine.memory.free_bytes
+
+    def session_cost(self, model_id: str) -> int:
+        """Device bytes one more session of `model_id` is charged."""
+        return self.engine.memory.costs[model_id].session
+
     def info(self, stream_id: str) -> asyncio.Future[StreamInfo]:
         """`Engine.info` on the engine thread."""
         return self.call(self.engine.info, stream_id)

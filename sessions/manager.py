@@ -69,12 +69,15 @@ class SessionManager:
         realtime_headroom: float | None = None,
         host_memory: int | None = None,
         spill: StateStore | None = None,
+        new_token: Callable[[], str] | None = None,
     ) -> None:
         """`realtime_headroom`: share of the measured chunk rate realtime admission keeps free
         (sessions/capacity.py); None: realtime opens are never refused for lack of chunk rate.
         `host_memory`: bytes of host memory for offloaded sessions (None: no offload: a full
         device budget closes the longest-detached session); `spill`: where sessions past it go
-        (None: the longest-offloaded one is closed instead). See "offload" below."""
+        (None: the longest-offloaded one is closed instead). See "offload" below.
+        `new_token`: makes each new session's resume token (None: 256 random bits; a cluster
+        replica's tokens name it and are signed, web/cluster/tokens.py)."""
         self.engine = engine
         self.default_model = default_model
         self.max_sessions = max_sessions
@@ -86,6 +89,7 @@ class SessionManager:
         self._sweeper: asyncio.Task | None = None
         self.host_memory = host_memory
         self.spill = spill
+        self.new_token = new_token or _random_token
         self._host: dict[str, bytes] = {}  # offloaded to host memory, the longest-offloaded first
         self._disk: set[str] = set()  # offloaded to `spill`
         self._moving: dict[str, asyncio.Future[None]] = {}  # sessions being offloaded now
@@ -94,6 +98,10 @@ class SessionManager:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def sessions(self) -> list[Session]:
+        """Every session, detached and offloaded ones included."""
+        return list(self._sessions.values())
 
     def get(self, session_id: str) -> Session:
         """A live session by id."""
@@ -140,7 +148,7 @@ class SessionManager:
         session = Session(
             self.engine,
             session_id=uuid.uuid4().hex,
-            resume_token=secrets.token_urlsafe(32),  # 256 bits
+            resume_token=self.new_token(),
             spec=self.engine.specs()[model_id],
             mode=mode,
             max_ahead=max_ahead,
@@ -332,7 +340,7 @@ class SessionManager:
         session = Session(
             self.engine,
             session_id=session_id,
-            resume_token="" if token else secrets.token_urlsafe(32),
+            resume_token="" if token else self.new_token(),
             spec=self.engine.specs()[model_id],
             mode=mode or rec["mode"],  # type: ignore[arg-type]
             max_ahead=max_ahead or int(rec["max_ahead"]),
@@ -415,6 +423,52 @@ class SessionManager:
         if restored:
             log.info("= restored %d sessions from %s", len(restored), store.root)
         return restored, refused
+
+    # -- migration (cluster drain) -------------------------------------------------------------
+
+    async def hand_over(self, session: Session) -> bytes:
+        """Snapshot `session` to move it to another server: its outstanding chunks commit first
+        (their frames still go out here), then it stays held (no new chunk) so nothing happens
+        after the snapshot. The resume token's hash is in the bytes (`take_over` keeps it). The
+        caller ends the session once the move succeeded, or `unhold`s it when it failed."""
+        await session.hold()
+        try:
+            session._check_live()
+            moving = self._moving.get(session.id)
+            if moving is not None:
+                await moving
+            offloaded = self._host.get(session.id) or self._read_disk(session.id)
+            return offloaded or await self._snapshot_held(session, session.token_hash)
+        except BaseException:
+            session.unhold()
+            raise
+
+    async def take_over(self, session_id: str, data: bytes) -> Session:
+        """A session `hand_over` moved here: same id and resume token, detached until its client
+        resumes (with retained chunks re-sent). `InvalidInput` / `SessionBusy` as `restore`."""
+        if session_id in self._sessions:
+            raise InvalidInput(f"data: session {session_id} already lives here", field="data")
+        if len(self._sessions) >= self.max_sessions and not self._evict_detached():
+            raise SessionBusy(f"server is full ({self.max_sessions} sessions); retry later")
+        return await self._restore(session_id, data, None, None, _saved_token(data))
+
+    async def checkpoint(self, session: Session) -> tuple[bytes, int]:
+        """A snapshot of `session` to bring it back elsewhere if this server dies (a cluster's
+        failover): like `snapshot`, with the resume token's hash, so `take_over` keeps the
+        token. Returns the bytes and the last chunk in them."""
+        data = self._host.get(session.id) or self._read_disk(session.id)
+        if data is not None:
+            return data, session.last_chunk
+        await session.hold(defer_steps=True)  # its client knows nothing of it: steps wait
+        try:
+            session._check_live()
+            return await self._snapshot_held(session, session.token_hash), session.last_chunk
+        finally:
+            session.unhold(defer_steps=True)
+
+    def has_token(self, token: str) -> bool:
+        """Whether a live session here answers to this resume token (no side effect)."""
+        return token_hash(token) in self._by_token
 
     # -- offload ---------------------------------------------------------------------------------
     #
@@ -645,6 +699,10 @@ class SessionManager:
             s.finish(SessionStatus.SHUTDOWN)
         if self._sweeper is not None:
             self._sweeper.cancel()
+
+
+def _random_token() -> str:
+    return secrets.token_urlsafe(32)  # 256 bits
 
 
 def _ignore_result(fut: asyncio.Future) -> None:

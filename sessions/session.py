@@ -170,6 +170,8 @@ class Session:
         self._frame_base = 0
         self._resetting = False  # a reset or rewind is between its cancel and its `ready`: nothing new starts
         self._holds = 0  # snapshots in progress (`hold`): nothing new starts
+        self._deferring = 0  # ... of them checkpoints, which keep lockstep steps for after
+        self._deferred: list[tuple[int, list[FrameAction]]] = []  # steps kept by a checkpoint
         self._quiet: list[asyncio.Future[None]] = []  # `hold`s waiting for the outstanding chunks
         self._pending: dict[int, _Pending] = {}
         self._cancels: list[_CancelWait] = []  # cancels waiting for their chunks to resolve
@@ -315,10 +317,13 @@ class Session:
             self._validate(a)
         if self._resetting:  # only another connection that resumed the session can get here
             raise RateLimited("a reset or rewind is in progress; send the step after its `ready`")
-        if self._holds:
+        if self._holds and not self._deferring:
             raise RateLimited("a snapshot is being taken; send the step after `saved`")
-        if sum(p.kind == "step" for p in self._pending.values()) >= MAX_STEPS_QUEUED:
+        if sum(p.kind == "step" for p in self._pending.values()) + len(self._deferred) >= MAX_STEPS_QUEUED:
             raise RateLimited(f"{MAX_STEPS_QUEUED} steps already outstanding")
+        if self._holds:
+            self._deferred.append((seq, list(actions)))  # a checkpoint: runs once it is taken
+            return
         self._submit("step", seq=seq, actions=list(actions))
 
     def ack(self, chunk: int) -> None:
@@ -609,13 +614,16 @@ class Session:
 
     # -- snapshots ------------------------------------------------------------------------------
 
-    async def hold(self, cancel: bool = False) -> None:
+    async def hold(self, cancel: bool = False, defer_steps: bool = False) -> None:
         """Start no new chunk until `unhold` and wait until none is outstanding, so the engine's
         committed world and this session's numbering agree (what a snapshot needs). `cancel`:
         abort the outstanding chunks instead of letting them commit (a `cancelled` still answers
-        a waiting cancel or reset). Lockstep steps during a hold get `rate_limited`."""
+        a waiting cancel or reset). Lockstep steps during a hold get `rate_limited`; with
+        `defer_steps` (a cluster's periodic checkpoint, which its client does not know of) they
+        wait, and start at the `unhold` that ends the last hold."""
         self._check_live()
         self._holds += 1
+        self._deferring += defer_steps
         if cancel:
             self._et.cancel_stream(self.id)
         while self._pending and not self.status.is_finished:
@@ -623,9 +631,15 @@ class Session:
             self._quiet.append(fut)
             await fut
 
-    def unhold(self) -> None:
-        """End a `hold`: realtime chunks start again."""
+    def unhold(self, defer_steps: bool = False) -> None:
+        """End a `hold` (`defer_steps` as it was held with): realtime chunks and the steps a
+        checkpoint kept start again."""
         self._holds = max(0, self._holds - 1)
+        self._deferring = max(0, self._deferring - defer_steps)
+        if not self._holds and self._deferred and not self.status.is_finished:
+            deferred, self._deferred = self._deferred, []
+            for seq, actions in deferred:
+                self._submit("step", seq=seq, actions=actions)
         self._pump()
 
     def _wake_holds(self) -> None:

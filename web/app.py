@@ -5,7 +5,7 @@ one-shot from the command line goes through exactly the loop a client's session 
 """
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +59,7 @@ class Runtime:
         deterministic: bool = False,
         host_memory: int | None = None,
         spill_dir: Path | None = None,
+        new_token: Callable[[], str] | None = None,
     ) -> "Runtime":
         """Start the engine thread on the running loop; ``default_model`` None = the first world;
         ``overlap_decode`` None = pipelined decode when a world runs on CUDA (runtime/runner.py);
@@ -72,7 +73,8 @@ class Runtime:
         ``device_memory``: bytes for every world's sessions together, the budget the engine sizes
         its pools from and admits by (runtime/memory.py; None: room for ``max_sessions``);
         ``host_memory``: bytes of host memory for sessions offloaded from a full device budget,
-        past which they go to ``spill_dir`` (`SessionManager`; None: no offload)."""
+        past which they go to ``spill_dir`` (`SessionManager`; None: no offload);
+        ``new_token``: makes resume tokens (`SessionManager`; None: random)."""
         if not worlds:
             raise ValueError("no worlds to serve")
         default = default_model or next(iter(worlds))
@@ -101,6 +103,7 @@ class Runtime:
             realtime_headroom=realtime_headroom,
             host_memory=host_memory,
             spill=None if spill_dir is None else StateStore(spill_dir),
+            new_token=new_token,
         )
         return cls(engine_thread, manager)
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from models.names import DEFAULT_MODEL
 from web import convertcli, datacli, memory, paritycli
+from web.cluster import cli as clustercli
 from web.hub import ServerConfig
 from web.startup import (
     DTYPES,
@@ -187,6 +188,7 @@ def _parser() -> argparse.ArgumentParser:
     convertcli.register(commands)  # web/convertcli.py
     paritycli.register(commands)  # web/paritycli.py
     datacli.register(commands)  # web/datacli.py
+    clustercli.register(commands)  # web/cluster/cli.py (Ray only when it runs)
     return parser
 
 

@@ -591,17 +591,17 @@ class Connection:
             raise replace_fatal(convert.protocol_error(exc, None), True) from exc
         await self._take_new(session, msg.codec)
 
-    def suspend(self) -> None:
-        """The server is stopping and saved this connection's session: let go of it (it stays
-        alive, detached, until the server is gone) and close with 1001, no `closed`: the client
-        resumes with its token once the server is back."""
+    def suspend(self, reason: str = "server restarting; resume with your token") -> None:
+        """The server is stopping and saved this connection's session (or moved it to another
+        replica of a cluster): let go of it (it stays alive, detached, until the server lets it
+        go) and close with 1001, no `closed`: the client resumes with its token."""
         session, self.session = self.session, None
         if session is None or self.closing:
             return
         self.closing = True
         self.hub.release(session, self)
         session.detach()
-        self.pipeline.put(CloseRequest(GOING_AWAY, "server restarting; resume with your token"))
+        self.pipeline.put(CloseRequest(GOING_AWAY, reason))
 
 
 def replace_fatal(error: ProtocolError, fatal: bool) -> ProtocolError:

@@ -33,7 +33,7 @@ from web.admission import Admission
 from web.messages import PROTOCOL_VERSION, json_schema
 from web.sessionlog import session_log
 
-__all__ = ["SESSION_PATH", "Routes"]
+__all__ = ["SESSION_PATH", "Routes", "http_response"]
 
 SESSION_PATH = "/v1/session"
 SESSIONS_PREFIX = "/v1/sessions/"  # + {id}/log
@@ -67,19 +67,19 @@ class Routes:
         it); None lets a websocket handshake proceed."""
         path = request.path.partition("?")[0]
         if self.admission is not None and not self.admission.host_allowed(request):
-            return _response(http.HTTPStatus.FORBIDDEN, b"host not allowed\n")  # every path
+            return http_response(http.HTTPStatus.FORBIDDEN, b"host not allowed\n")  # every path
         if path == SESSION_PATH:
             return None if self.admission is None else self.admission(connection, request)
         if "Upgrade" in request.headers:
-            return _response(http.HTTPStatus.NOT_FOUND, b"websocket sessions live at /v1/session\n")
+            return http_response(http.HTTPStatus.NOT_FOUND, b"websocket sessions live at /v1/session\n")
         if path == "/healthz":
             return self._healthz()
         if path == "/metrics":
-            return _response(http.HTTPStatus.OK, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            return http_response(http.HTTPStatus.OK, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
         if path == "/v1/models":
-            return _response(http.HTTPStatus.OK, json.dumps(self._models()).encode(), JSON)
+            return http_response(http.HTTPStatus.OK, json.dumps(self._models()).encode(), JSON)
         if path == "/v1/protocol.json":
-            return _response(http.HTTPStatus.OK, self._schema, JSON)
+            return http_response(http.HTTPStatus.OK, self._schema, JSON)
         if path.startswith(SESSIONS_PREFIX) and path.endswith("/log"):
             return self._log(request, path.removeprefix(SESSIONS_PREFIX).removesuffix("/log"))
         return self._static(path)
@@ -91,17 +91,17 @@ class Routes:
             given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
             given = given or parse_qs(urlsplit(request.path).query).get("token", [""])[0]
             if not secrets.compare_digest(given.encode(), self.token.encode()):
-                return _response(http.HTTPStatus.UNAUTHORIZED, b"missing or wrong token\n")
+                return http_response(http.HTTPStatus.UNAUTHORIZED, b"missing or wrong token\n")
         try:
             session = self.manager.get(session_id)
         except SessionNotFound:
-            return _response(http.HTTPStatus.NOT_FOUND, b"no such session\n")
+            return http_response(http.HTTPStatus.NOT_FOUND, b"no such session\n")
         try:
             log = await session_log(session, self.retention, self.deterministic_batch)
         except StreamNotFound:  # closed meanwhile
-            return _response(http.HTTPStatus.NOT_FOUND, b"no such session\n")
+            return http_response(http.HTTPStatus.NOT_FOUND, b"no such session\n")
         body = log.model_dump_json().encode()
-        return _response(http.HTTPStatus.OK, body, JSON)
+        return http_response(http.HTTPStatus.OK, body, JSON)
 
     def _healthz(self) -> Response:
         dead = self.manager.engine.dead
@@ -112,7 +112,7 @@ class Routes:
             "models": sorted(self.manager.models()),
         }
         status = http.HTTPStatus.SERVICE_UNAVAILABLE if dead else http.HTTPStatus.OK
-        return _response(status, json.dumps(body).encode(), JSON)
+        return http_response(status, json.dumps(body).encode(), JSON)
 
     def _models(self) -> list[dict]:
         out = []
@@ -132,7 +132,7 @@ class Routes:
     def _static(self, path: str) -> Response:
         relative = "index.html" if path == "/" else path.lstrip("/")
         if "\x00" in relative:  # no file name holds one; the OS would refuse it with ValueError
-            return _response(http.HTTPStatus.BAD_REQUEST, b"bad path\n")
+            return http_response(http.HTTPStatus.BAD_REQUEST, b"bad path\n")
         try:
             file = (self.static_dir / relative).resolve()
             # resolve() folds `..` and links: anything outside the static directory is not ours
@@ -140,16 +140,17 @@ class Routes:
         except OSError:  # a name too long for the file system, and the like: not one of ours
             found = False
         if not found:
-            return _response(http.HTTPStatus.NOT_FOUND, b"not found\n")
+            return http_response(http.HTTPStatus.NOT_FOUND, b"not found\n")
         content_type = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
         if content_type.startswith("text/") or content_type == "application/javascript":
             content_type += "; charset=utf-8"
-        return _response(http.HTTPStatus.OK, file.read_bytes(), content_type)
+        return http_response(http.HTTPStatus.OK, file.read_bytes(), content_type)
 
 
-def _response(
+def http_response(
     status: http.HTTPStatus, body: bytes, content_type: str = "text/plain; charset=utf-8"
 ) -> Response:
+    """A plain HTTP answer to a request on the websocket port (also the cluster front end's)."""
     headers = Headers(
         [
             ("Date", email.utils.formatdate(usegmt=True)),

@@ -12,7 +12,7 @@ never on the engine thread.
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 
@@ -21,6 +21,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from models.world import World
 from sessions.manager import SessionManager
+from sessions.session import SessionStatus
 from sessions.store import StateStore
 from web import metrics
 from web.admission import Admission, is_loopback
@@ -46,8 +47,15 @@ DRAIN_S = 2.0
 class Server:
     """Engine, sessions and the websocket endpoint of one process (see the module docstring)."""
 
-    def __init__(self, worlds: Mapping[str, World], config: ServerConfig | None = None) -> None:
+    def __init__(
+        self,
+        worlds: Mapping[str, World],
+        config: ServerConfig | None = None,
+        new_token: Callable[[], str] | None = None,
+    ) -> None:
+        """``new_token``: makes resume tokens (None: random; a cluster replica signs its own)."""
         self.worlds = worlds
+        self.new_token = new_token
         self.config = config or ServerConfig()
         self.runtime: Runtime | None = None
         self._hub: Hub | None = None
@@ -99,6 +107,7 @@ class Server:
             prompt_threads=cfg.prompt_threads,
             host_memory=cfg.host_memory,
             spill_dir=cfg.state_dir,
+            new_token=self.new_token,
         )
         manager = self.runtime.manager
         if cfg.state_dir is not None or cfg.host_memory is not None:
@@ -176,6 +185,39 @@ class Server:
             return set()
         saved, _ = await self.runtime.manager.persist(StateStore(cfg.state_dir), cfg.persist_timeout_s)
         return set(saved)
+
+    # -- migration (a cluster replica's drain, web/cluster/) ------------------------------------
+
+    async def hand_over(self) -> dict[str, bytes]:
+        """Snapshot every live and detached session to move it to another replica: session id ->
+        snapshot bytes (`SessionManager.hand_over`: each stays held until `let_go` or
+        `keep`). A session that cannot be snapshotted stays here and is logged."""
+        live = (SessionStatus.ACTIVE, SessionStatus.DETACHED)
+        out: dict[str, bytes] = {}
+        for s in [s for s in self.manager.sessions() if s.status in live and s.keep]:
+            try:
+                out[s.id] = await self.manager.hand_over(s)
+            except Exception as exc:  # one session's failure must not stop the others' move
+                log.warning("= session %s not handed over: %s", s.id, exc)
+        return out
+
+    def let_go(self, session_ids: list[str]) -> None:
+        """The sessions now live on another replica: their sockets close with 1001 and no
+        `closed` (the client, or a cluster front end for it, resumes with the token there), and
+        their worlds are freed here."""
+        wanted = set(session_ids)
+        for conn in list(self._connections):
+            if conn.session is not None and conn.session.id in wanted:
+                conn.suspend("session moved; resume with your token")
+        for s in self.manager.sessions():
+            if s.id in wanted:
+                s.finish(SessionStatus.SHUTDOWN)  # detached now: nobody gets this `closed`
+
+    def keep(self, session_ids: list[str]) -> None:
+        """The move of these sessions failed: they go on here."""
+        for s in self.manager.sessions():
+            if s.id in session_ids and not s.status.is_finished:
+                s.unhold()
 
     async def __aenter__(self) -> "Server":
         await self.start()

@@ -1,0 +1,177 @@
+"""One engine replica of a cluster: a whole single-process worldserve server (engine thread,
+sessions, websocket endpoint) inside a Ray actor, one per GPU.
+
+The replica boundary is the server's own websocket: the front end (web/cluster/frontend.py)
+relays each client's socket to one replica's, so everything a single server does (exact cancel,
+resume, fork, rewind, snapshots) happens inside one replica unchanged, and a frame crosses one
+extra hop (replica -> front end -> client). The actor's methods are the control plane only:
+placement figures, token lookups, drain (hand over / take over / let go) and /metrics.
+
+Runs as an async Ray actor: the server lives on the actor's event loop.
+"""
+
+import asyncio
+import logging
+import socket
+from dataclasses import replace
+
+from prometheus_client import generate_latest
+
+from runtime.metrics import REGISTRY
+from web.app import load_worlds
+from web.cluster.tokens import TokenSigner
+from web.hub import ServerConfig
+from web.server import Server
+
+__all__ = ["Replica", "ReplicaLoad"]
+
+log = logging.getLogger(__name__)
+
+ReplicaLoad = dict[str, object]  # what `Replica.load` answers (plain data: it crosses Ray)
+
+
+def node_address() -> str:
+    """An address of this node the front end can reach (loopback when it is the only one)."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # not inside Ray (a unit test): this machine
+        return socket.gethostbyname(socket.gethostname())
+
+
+class Replica:
+    """The actor's class (see the module docstring); wrap it with ``ray.remote``."""
+
+    def __init__(
+        self,
+        name: str,
+        models: list[str],
+        config: ServerConfig,
+        secret: bytes,
+        device: str = "cpu",
+        dtype: str = "float32",
+        threads: int = 1,
+        host: str | None = "127.0.0.1",
+    ) -> None:
+        """``host``: where the replica listens for its front end (loopback: a one-machine
+        cluster, where nothing else should reach it; None: this node's address)."""
+        self.name = name
+        self.host = host
+        self.models = models
+        self.config = config
+        self.signer = TokenSigner(secret)
+        self.device = device
+        self.dtype = dtype
+        self.threads = threads
+        self.server: Server | None = None
+        self.draining = False  # placed no new session once a drain began
+
+    async def start(self) -> str:
+        """Load the worlds and start serving; returns the replica's websocket URL."""
+        import torch  # the actor's process: torch is there already (load_worlds)
+
+        torch.set_num_threads(self.threads)
+        loop = asyncio.get_running_loop()
+        worlds = await loop.run_in_executor(None, load_worlds, self.models, self.device, self.dtype)
+        # Every client of a replica is the front end: one address, no origin, so no per-address
+        # cap; and the replica listens where the front end can reach it.
+        config = replace(
+            self.config,
+            host=self.host or node_address(),
+            port=0,
+            max_connections_per_address=0,
+            engine_threads=self.threads,
+        )
+        self.server = Server(worlds, config, new_token=lambda: self.signer.issue(self.name))
+        await self.server.start()
+        log.info("= replica %s at %s", self.name, self.server.ws_url)
+        return self.server.ws_url
+
+    def _server(self) -> Server:
+        if self.server is None:
+            raise RuntimeError(f"replica {self.name} not started")
+        return self.server
+
+    async def load(self) -> ReplicaLoad:
+        """Placement figures: sessions, free device bytes, one default-model session's bytes."""
+        server = self._server()
+        manager = server.manager
+        engine = server.runtime.engine_thread if server.runtime is not None else None
+        assert engine is not None
+        return {
+            "name": self.name,
+            "url": server.ws_url,
+            "sessions": len(manager),
+            "max_sessions": manager.max_sessions,
+            "free_bytes": engine.free_bytes(),
+            "used_bytes": engine.used_bytes(),
+            "session_bytes": engine.session_cost(manager.default_model),
+            "draining": self.draining,
+            "dead": engine.dead,
+        }
+
+    async def has(self, token: str) -> bool:
+        """Whether a live session here answers to ``token``."""
+        return self._server().manager.has_token(token)
+
+    async def hand_over(self) -> dict[str, bytes]:
+        """Begin a drain: no new sessions are placed here, and every session is snapshotted
+        and held (`Server.hand_over`)."""
+        self.draining = True
+        return await self._server().hand_over()
+
+    async def take_over(self, sessions: dict[str, bytes]) -> list[str]:
+        """Restore sessions another replica handed over (same ids and tokens); returns the ids
+        restored (a refused one is logged and left to its old replica)."""
+        manager = self._server().manager
+        taken: list[str] = []
+        for sid, data in sessions.items():
+            try:
+                await manager.take_over(sid, data)
+                taken.append(sid)
+            except Exception as exc:  # one refusal must not lose the others
+                log.warning("= session %s not taken over by %s: %s", sid, self.name, exc)
+        return taken
+
+    async def let_go(self, session_ids: list[str]) -> None:
+        """The sessions live elsewhere now (`Server.let_go`)."""
+        self._server().let_go(session_ids)
+
+    async def keep(self, session_ids: list[str]) -> None:
+        """The move of these sessions failed: they go on here (`Server.keep`)."""
+        self._server().keep(session_ids)
+
+    async def checkpoints(self, since: dict[str, int]) -> tuple[list[str], dict[str, tuple[int, bytes]]]:
+        """For a failover: the ids of the sessions that live here, and a snapshot (last chunk,
+        bytes) of each whose last chunk differs from ``since`` (what the caller already holds).
+        A session that cannot be snapshotted now is left for the next round."""
+        manager = self._server().manager
+        live = [s for s in manager.sessions() if not s.status.is_finished and s.keep]
+        if self.draining:  # its sessions are held for the move: their checkpoints stay as they are
+            return [s.id for s in live], {}
+        fresh: dict[str, tuple[int, bytes]] = {}
+        for s in live:
+            if since.get(s.id) == s.last_chunk:
+                continue
+            try:
+                data, chunk = await manager.checkpoint(s)
+            except Exception as exc:  # closed meanwhile, or held by a drain
+                log.debug("= session %s not checkpointed: %s", s.id, exc)
+                continue
+            fresh[s.id] = (chunk, data)
+        return [s.id for s in live], fresh
+
+    async def undrain(self) -> None:
+        """Place new sessions here again."""
+        self.draining = False
+
+    async def metrics(self) -> bytes:
+        """This replica's Prometheus text (the front end adds the replica label)."""
+        return generate_latest(REGISTRY)
+
+    async def stop(self) -> None:
+        """Stop serving (sessions end with `closed{shutdown}`)."""
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
