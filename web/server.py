@@ -44,7 +44,31 @@ SNAPSHOT_SLACK = 1 << 16
 DRAIN_S = 2.0
 
 
-class Server:
+class Listening:
+    """Where a listener (a server, a cluster's front end) is reached, once it listens on `_ws`."""
+
+    config: ServerConfig
+    _ws: WsServer | None
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the real one when configured with 0)."""
+        if self._ws is None:
+            raise RuntimeError("not listening yet")
+        return self._ws.sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` (the browser client; HTTP routes hang off it)."""
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        """``ws://HOST:PORT/v1/session``, where sessions are opened."""
+        return f"ws://{self.config.host}:{self.port}{SESSION_PATH}"
+
+
+class Server(Listening):
     """Engine, sessions and the websocket endpoint of one process (see the module docstring)."""
 
     def __init__(
@@ -69,23 +93,6 @@ class Server:
         if self.runtime is None:
             raise RuntimeError("server not started")
         return self.runtime.manager
-
-    @property
-    def port(self) -> int:
-        """The port listened on (the real one when configured with 0)."""
-        if self._ws is None:
-            raise RuntimeError("server not started")
-        return self._ws.sockets[0].getsockname()[1]
-
-    @property
-    def url(self) -> str:
-        """``http://HOST:PORT`` (the browser client; HTTP routes hang off it)."""
-        return f"http://{self.config.host}:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        """``ws://HOST:PORT/v1/session``, where sessions are opened."""
-        return f"ws://{self.config.host}:{self.port}{SESSION_PATH}"
 
     async def start(self) -> None:
         """Start the engine thread, the encode pool and the listener."""

@@ -47,7 +47,7 @@ from web.cluster.metrics import merge
 from web.errors import ErrorCode, ProtocolError, close_code
 from web.hub import ServerConfig
 from web.routes import SESSION_PATH, http_response
-from web.server import HARD_LIMIT_FACTOR, SNAPSHOT_SLACK
+from web.server import HARD_LIMIT_FACTOR, SNAPSHOT_SLACK, Listening
 
 __all__ = ["FrontEnd"]
 
@@ -64,7 +64,7 @@ MAX_JOBS = 64  # jobs remembered (the oldest finished ones are forgotten first)
 MAX_JOBS_RUNNING = 8
 
 
-class FrontEnd:
+class FrontEnd(Listening):
     """The cluster's websocket + HTTP port (see the module docstring)."""
 
     def __init__(self, cluster: Cluster, config: ServerConfig) -> None:
@@ -79,21 +79,6 @@ class FrontEnd:
         self._ws: WsServer | None = None
         self._jobs: dict[str, dict[str, object]] = {}  # admin jobs by id, the oldest first
         self._tasks: set[asyncio.Task[None]] = set()  # their tasks (kept: the loop holds weak refs)
-
-    @property
-    def port(self) -> int:
-        assert self._ws is not None, "front end not started"
-        return self._ws.sockets[0].getsockname()[1]
-
-    @property
-    def url(self) -> str:
-        """``http://HOST:PORT``."""
-        return f"http://{self.config.host}:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        """``ws://HOST:PORT/v1/session``."""
-        return f"ws://{self.config.host}:{self.port}{SESSION_PATH}"
 
     async def start(self) -> None:
         """Listen."""
