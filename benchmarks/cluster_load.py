@@ -162,7 +162,10 @@ async def single(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(1)
     worlds = load_worlds([args.model])
-    config = ServerConfig(port=0, max_sessions=args.sessions + 2, engine_threads=1)
+    # one load generator opens every session from one address: no per-address cap
+    config = ServerConfig(
+        port=0, max_sessions=args.sessions + 2, engine_threads=1, max_connections_per_address=0
+    )
     async with Server(worlds, config) as server:
         await load(server.ws_url, 1, 3, 1.0)  # warm-up
         figures = await load(server.ws_url, args.sessions, args.steps, args.seconds)
@@ -174,7 +177,7 @@ async def cluster(args: argparse.Namespace, replicas: int) -> dict:
     from web.cluster.control import Cluster, ReplicaSpec
     from web.cluster.frontend import FrontEnd
 
-    config = ServerConfig(port=0, max_sessions=args.sessions + 2)
+    config = ServerConfig(port=0, max_sessions=args.sessions + 2, max_connections_per_address=0)
     spec = ReplicaSpec(models=(args.model,), config=config, threads=1, cpus=0.0)
     started = time.perf_counter()
     group = await Cluster.start(replicas, spec, b"b" * 32)

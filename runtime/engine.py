@@ -111,7 +111,7 @@ class Engine:
         retention: int = 0,
         deterministic: bool = False,
         offload_conditioning: bool = True,
-        max_preparing: int = 4,
+        max_preparing: int | None = None,
         conditioning_threads: int = 1,
         conditioning_nice: int = CONDITIONING_NICE,
     ) -> None:
@@ -129,7 +129,8 @@ class Engine:
         (docs/ENGINE.md, "Reproducibility").
         `offload_conditioning`: `open_stream` / `begin_reset` of a world with heavy conditioning
         compute it on a worker thread while the engine steps on (runtime/conditioning.py), at
-        most `max_preparing` at once, with `conditioning_threads` torch threads at
+        most `max_preparing` at once (None: as many as `max_streams`, at least 4: every session
+        the budget admits may be opening at once), with `conditioning_threads` torch threads at
         `conditioning_nice` lower CPU priority; False: on the engine's thread, every other chunk
         waiting for it."""
         self.worlds = worlds
@@ -173,7 +174,10 @@ class Engine:
         self.wake: Callable[[], None] = lambda: None
         self.conditioning = (
             ConditioningWorker(
-                max_preparing, conditioning_threads, wake=lambda: self.wake(), nice=conditioning_nice
+                max_preparing if max_preparing is not None else max(4, max_streams or 0),
+                conditioning_threads,
+                wake=lambda: self.wake(),
+                nice=conditioning_nice,
             )
             if offload_conditioning
             else None

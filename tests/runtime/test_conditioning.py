@@ -155,7 +155,8 @@ def test_an_installed_world_is_the_one_built_inline(gated):
     engine, answers = Engine({"img": world}), Answers()
     opened(engine, answers, "off", seed=5)
     engine.add_stream("inline", "img", Conditioning(seed=5))
-    assert engine.conditioning is not None and engine.conditioning.max_jobs == 4
+    # by default the worker holds as many jobs as the budget admits sessions (max_streams 16)
+    assert engine.conditioning is not None and engine.conditioning.max_jobs == 16
     a, b = committed(engine, "off"), committed(engine, "inline")
     assert np.array_equal(a.frames, b.frames)
     engine.close()
@@ -303,4 +304,20 @@ def test_opens_prepared_together_leave_the_spare_row_for_a_reset():
     engine.begin_reset("x", Conditioning(seed=3), answers.to("r"))
     step_until(engine, lambda: "r" in answers)
     assert isinstance(answers["r"], StreamInfo), answers["r"]
+    engine.close()
+
+
+def test_every_session_the_budget_admits_may_open_at_once(gated):
+    """The worker's bound follows the budget: as many opens as sessions fit are all prepared,
+    none refused (one client per session opening together, as a crowd does)."""
+    world, gate = gated
+    engine, answers = Engine({"img": world}, max_streams=6), Answers()
+    engine.open_stream("s0", "img", Conditioning(seed=GATED), None, answers.to("s0"))
+    assert gate.started.wait(HANG_GUARD_S)  # the first one holds the worker: the rest queue
+    for i in range(1, 6):
+        engine.open_stream(f"s{i}", "img", Conditioning(seed=i), None, answers.to(f"s{i}"))
+    assert not answers  # nobody refused
+    gate.release.set()
+    step_until(engine, lambda: len(answers) == 6)
+    assert all(isinstance(a, StreamInfo) for a in answers.values())
     engine.close()
