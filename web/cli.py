@@ -136,10 +136,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--retention",
         type=int,
-        default=ServerConfig().retention,
+        default=None,
         metavar="CHUNKS",
         help="chunks a session can `rewind` by; each costs a chunk of K/V ring slack and a decoder "
-        'cache and plug-in state per session (docs/ENGINE.md, "Rewind"; default: %(default)s)',
+        'cache and plug-in state per session (docs/ENGINE.md, "Rewind"; default: '
+        f"{ServerConfig().retention}, or fewer where that many would not leave room for --max-sessions)",
     )
     serve.add_argument(
         "--deterministic",
@@ -474,6 +475,17 @@ def _device_budget(worlds: dict[str, World], args: argparse.Namespace, requested
         pipelined = any(w.device.type == "cuda" for w in worlds.values())
     budget = memory.device_budget(args.device, args.device_memory)
     retention = getattr(args, "retention", 0)
+    if retention is None:  # serve's default: as much rewind as the budget has room for
+        most = ServerConfig().retention
+        retention = args.retention = memory.auto_retention(worlds, requested, budget, pipelined, most)
+        if retention < most:
+            log.info(
+                "rewind retention %d chunks: %d would not leave room for --max-sessions %d "
+                "(--retention sets it)",
+                retention,
+                most,
+                requested,
+            )
     fits = memory.fit_sessions(worlds, requested, budget, pipelined, args.device, retention)
     if fits < requested:
         per = memory.pool_cost(worlds, pipelined, retention).per_session
@@ -500,7 +512,7 @@ def _serve(args: argparse.Namespace) -> int:
     check_port(args.port)
     if args.max_sessions < 1:
         raise StartupError(f"--max-sessions {args.max_sessions}: must be at least 1")
-    if args.retention < 0:
+    if args.retention is not None and args.retention < 0:
         raise StartupError(f"--retention {args.retention}: must be at least 0 chunks")
     args.device = resolve_device(args.device)
     check_bind(args.host, args.port)

@@ -121,6 +121,19 @@ def available_ram(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int:
     return max(0, available)
 
 
+def auto_retention(
+    worlds: Mapping[str, World], requested: int, budget: Budget, pipelined: bool, most: int
+) -> int:
+    """The rewind retention `serve` picks when not told: the most chunks, up to ``most``, that
+    still let the budget hold ``requested`` sessions (0 when even one chunk would not). Rewind is
+    cheap for small worlds and costly for full-size ones (a decoder cache per retained chunk), so
+    it never takes sessions the user asked for."""
+    for chunks in range(most, 0, -1):
+        if pool_cost(worlds, pipelined, chunks).sessions_within(budget.nbytes) >= requested:
+            return chunks
+    return 0
+
+
 def fit_sessions(
     worlds: Mapping[str, World],
     requested: int,

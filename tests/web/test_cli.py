@@ -354,6 +354,7 @@ def test_serve_says_how_many_sessions_the_budget_holds(
 
     monkeypatch.setattr(cli, "_serve_until_signalled", serve)
     argv = ["serve", "--model", "tiny-random", "--device", "cpu", "--port", "0", "--threads", "1"]
+    argv += ["--retention", str(retention)]  # told: without it, serve lowers the retention first
     budget = cost.total(3) + 1
     assert main([*argv, "--device-memory", str(budget)]) == 0
     assert main([*argv, "--device-memory", str(budget), "--max-sessions", "2"]) == 0
@@ -407,3 +408,24 @@ def test_generate_names_a_key_the_world_does_not_take(capsys: pytest.CaptureFixt
     assert main([*argv, "/tmp/never-written.mp4"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert "--actions: item 1 ('jump'): unknown key(s) ['jump']; valid keys are" in line
+
+
+def test_serve_without_retention_takes_what_leaves_room_for_its_sessions(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from web import memory
+
+    caplog.set_level("INFO")
+    world = {"w": registry.from_name("tiny-random")}
+    started: list[int] = []
+
+    async def serve(server) -> None:
+        started.append(server.config.retention)
+
+    monkeypatch.setattr(cli, "_serve_until_signalled", serve)
+    argv = ["serve", "--model", "tiny-random", "--device", "cpu", "--port", "0", "--threads", "1"]
+    room_for_one_chunk = memory.pool_cost(world, pipelined=False, retention=1).total(16)
+    assert main([*argv, "--device-memory", str(room_for_one_chunk)]) == 0
+    assert main([*argv, "--device-memory", str(100 * room_for_one_chunk)]) == 0
+    assert started == [1, ServerConfig().retention]
+    assert any("rewind retention 1 chunks" in r.getMessage() for r in caplog.records)

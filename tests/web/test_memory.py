@@ -155,3 +155,25 @@ def test_the_published_self_forcing_starts_with_the_defaults(monkeypatch: pytest
     assert fit_sessions(self_forcing_size(torch.float32), 16, h200, True, "cuda") == 7
     with pytest.raises(StartupError, match=r"needs 34\.3 GiB of cpu memory .* try --dtype bfloat16"):
         fit_sessions(self_forcing_size(torch.float32), 16, Budget(32 * gib, "test"), False, "cpu")
+
+
+def test_serve_picks_as_much_rewind_as_leaves_room_for_the_sessions_asked_for() -> None:
+    """`serve` without --retention: up to 4 chunks, fewer where 4 would cost sessions."""
+    worlds = {"a": small_world(name="a")}
+    fits_with = {r: pool_cost(worlds, False, r).total(3) for r in range(5)}
+    assert memory.auto_retention(worlds, 3, Budget(10 * fits_with[4], "test"), False, 4) == 4
+    assert memory.auto_retention(worlds, 3, Budget(fits_with[2], "test"), False, 4) == 2
+    assert memory.auto_retention(worlds, 3, Budget(fits_with[1] - 1, "test"), False, 4) == 0
+
+
+def test_full_size_self_forcing_keeps_its_sessions_on_an_h200(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retained chunk of a full-size Wan world holds a decoder cache and a chunk of K/V: four of
+    them would cost most of an H200's sessions, so the default gives way to --max-sessions."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (136 * gib, 139 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    h200, worlds = device_budget("cuda"), self_forcing_size(torch.bfloat16)
+    assert fit_sessions(worlds, 16, h200, True, "cuda", retention=4) < 16
+    r = memory.auto_retention(worlds, 16, h200, True, 4)
+    assert r < 4 and fit_sessions(worlds, 16, h200, True, "cuda", retention=r) == 16
