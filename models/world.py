@@ -565,7 +565,8 @@ class World:
             "decoder": dec_meta,
             "plugin": plugin_meta,
         }
-        return {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}, meta
+        # One copy to the host (a copy on the CPU too: the snapshot must not alias the live row).
+        return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}, meta
 
     @torch.no_grad()
     def import_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> WorldState:

@@ -165,7 +165,8 @@ class Session:
         self._chunk_base = 0  # session chunk = base + engine chunk (resets restart the engine count)
         self._high = 0  # the highest chunk of the current world (a rewind's retention counts from it)
         # No rewind reaches before this chunk: the engine keeps no history from before a prompt
-        # switch (the world moved to another row and prompt) or a restore.
+        # switch (the world moved to another row and prompt) or a restore. Mirrored here, not
+        # asked of the engine, so a rewind is refused or cancels what is outstanding at once.
         self._floor = 0
         self._frame_base = 0
         self._resetting = False  # a reset or rewind is between its cancel and its `ready`: nothing new starts
