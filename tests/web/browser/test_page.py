@@ -334,6 +334,7 @@ def test_worlds_that_are_not_image_started_have_no_picker(open_page: OpenPage) -
     assert not page.page.is_visible("#image-picker")
     page.page.select_option("#model", "tiny-image")
     assert page.page.is_visible("#image-picker")
+    assert not page.page.is_visible("#prompt-box")  # no world here takes text
 
 
 @pytest.mark.parametrize(
