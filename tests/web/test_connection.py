@@ -127,7 +127,8 @@ def test_too_large_is_fatal_with_1009(worlds) -> None:
 
 def test_rate_limits(worlds) -> None:
     async def main():
-        async with serving(worlds, debug_hooks=True, rate=1000, burst=40) as server:
+        # rate 1/s: the bucket barely refills while the test runs, however slow the machine is
+        async with serving(worlds, debug_hooks=True, rate=1, burst=40) as server:
             ws, _ = await opened(server, debug=m.DebugHooks(step_delay_ms=50))
             for seq in range(9):  # 8 steps may be outstanding
                 await send(ws, m.Step(seq=seq, actions=[W]))
