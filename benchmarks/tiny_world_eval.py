@@ -42,10 +42,16 @@ Measures (JSON in --out/tiny_world_eval.json, plots tiny_world_psnr.png and tiny
   frame, the share of the 8 at the place most of them agree on).
 
 ``--ablate zero|random`` measures what the learned networks other than the autoencoder add: every
-parameter of the DiT and of the plug-in's networks (key gate, terrain prior) is set to zero, or
-drawn afresh (seeded) with each tensor's own mean and standard deviation, before the run; the
-autoencoder and every hand-written rule stay as served. What such a run still scores is the
-rules' and the autoencoder's, not the DiT's.
+parameter of the DiT and of the plug-in's networks (motion head, terrain prior) is set to zero,
+or drawn afresh (seeded) with each tensor's own mean and standard deviation, before the run; the
+autoencoder and the generic machinery (sampler, K/V cache, the atlas's memory, the canonical
+snap) stay as served. What such a run still scores is the autoencoder's and the machinery's.
+
+The targets printed at the end are issue 41's: held-key control >= 0.85 of the game's distance,
+walls within 2 px in >= 80 % of probes, PSNR 1-32 >= 23 dB, idle frame 600 against the model's
+own frame 1 >= 24 dB, sharpness within 0.75-1.25x of the game's in every 64-frame segment (idle
+and random), 32 frames away and back on each axis >= 22 dB against the view before leaving, and
+creatures shown where the game shows one in >= 50 % of frames.
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ from runtime.requests import ChunkCommitted, ChunkRequest
 EVAL_SEED_BASE = 1_000_000  # held-out worlds: the trainer uses seeds 0 .. episodes - 1
 UNSEEN_SEED_BASE = 7_000_000  # worlds that fill in what the first frame does not show
 HORIZONS = {"1-8": (1, 8), "9-32": (9, 32), "33-64": (33, 64), "1-32": (1, 32)}
+WAYS = (("d", "a"), ("a", "d"), ("s", "w"), ("w", "s"))  # away-and-back walks, one per direction
 
 
 # --- driving the engine ------------------------------------------------------------------------
@@ -250,20 +257,25 @@ def control_probe(engine: Engine, model_id: str, n_worlds: int, batch: int, hold
     }
 
 
-def return_probe(engine: Engine, model_id: str, n: int, batch: int, hold: int = 16) -> dict:
-    """`hold` frames of A, then as many of D, in `n` worlds where the game's camera follows the
-    whole walk: how close the frame back at the start is to the game's (and to the model's own
-    start frame). With `hold` past the DiT's 16-frame window, what the walk left behind comes back
-    only from the session's atlas (models/tiny_world/atlas.py) or is invented anew."""
-    script = parse_action_script(f"a*{hold},d*{hold}")
+def return_probe(
+    engine: Engine, model_id: str, n: int, batch: int, hold: int = 16, way: tuple[str, str] = ("a", "d")
+) -> dict:
+    """`hold` frames of one key, then as many of its opposite (`way`; default A then D), in `n`
+    worlds where the game's camera follows the whole walk: how close the frame back at the start
+    is to the game's (and to the model's own start frame). With `hold` past the DiT's 16-frame
+    window, what the walk left behind comes back only from the session's atlas
+    (models/tiny_world/atlas.py) or is invented anew."""
+    out_key, back_key = way
+    axis, sign = next((a, s) for k, a, s in KEY_AXES if k == out_key)
+    script = parse_action_script(f"{out_key}*{hold},{back_key}*{hold}")
     cfg = GameConfig()
     seeds = []
     seed = EVAL_SEED_BASE + 9000
     while len(seeds) < n:  # worlds where the walk is free and the camera follows (back at frame 0)
         sim = simulate(seed, script, cfg)
-        wx = sim.player_world_pos[:, 0] - sim.player_world_pos[0, 0]
-        centred = np.all(np.abs(sim.player_pos[:, 0] - sim.player_pos[0, 0]) < 0.5)
-        if wx[hold] == -hold and wx[2 * hold] == 0 and centred:
+        wx = sim.player_world_pos[:, axis] - sim.player_world_pos[0, axis]
+        centred = np.all(np.abs(sim.player_pos[:, axis] - sim.player_pos[0, axis]) < 0.5)
+        if wx[hold] == sign * hold and wx[2 * hold] == 0 and centred:
             seeds.append(seed)
         seed += 1
     frames, _ = batched(engine, model_id, seeds, [script] * len(seeds), batch)
@@ -275,10 +287,10 @@ def return_probe(engine: Engine, model_id: str, n: int, batch: int, hold: int = 
     turn = [float(psnr(f[hold], s[hold])) for f, s in zip(frames, sims, strict=True)]
     # Worlds where the model's own walk went out and back in full: the player can stop at a wall
     # the model invented where the game has none, and then the view does not come back.
-    walks = [world_displacement(f, axis=0) for f in frames]
-    full = [abs(w[hold] + hold) <= 2 and abs(w[end]) <= 2 for w in walks]
+    walks = [world_displacement(f, axis=axis) for f in frames]
+    full = [abs(w[hold] - sign * hold) <= 2 and abs(w[end]) <= 2 for w in walks]
     return {
-        "script": f"a*{hold},d*{hold}",
+        "script": f"{out_key}*{hold},{back_key}*{hold}",
         "seeds": seeds,
         f"psnr_frame{end}_vs_sim": float(np.mean(vs_sim)),
         f"psnr_frame{end}_vs_own_frame0": float(np.mean(vs_own0)),
@@ -348,6 +360,8 @@ def long_rollouts(engine: Engine, model_id: str, seeds: Sequence[int], n_frames:
         "creature_pixels_per_frame_by_64_frame_segment": {
             k: [round(float(v[:, i : i + 64].mean()), 2) for i in segs] for k, v in creatures.items()
         },
+        # Where the game shows a creature (at least a sixth of one in view), does the model?
+        "creatures_shown_where_game_shows": creature_presence(creatures["game"], creatures["model"]),
         "terrain_after_frame_128": {
             "game": terrain_structure(np.concatenate([s.frames[129:] for s in sims])),
             "model": terrain_structure(np.concatenate([f[129:] for f in frames])),
@@ -384,6 +398,13 @@ def unseen_worlds(seed: int, n: int) -> list[GameWorld]:
     if n > 64:
         raise ValueError(f"at most 64 redrawn worlds, not {n}")
     return [unseen_resampled(seed, UNSEEN_SEED_BASE + 64 * (seed % 100_000) + k) for k in range(n)]
+
+
+def creature_presence(game: np.ndarray, model: np.ndarray, least: int = 6) -> float | None:
+    """The share of frames with at least `least` creature pixels in the game (S, N+1) in which the
+    model (S, N+1) shows at least as many too (None: the game showed none)."""
+    shown = game >= least
+    return float((model[shown] >= least).mean()) if shown.any() else None
 
 
 def minute_rollouts(
@@ -424,6 +445,12 @@ def minute_rollouts(
         perfect_all.append(perfect)
         best_all.append(best)
         last = [float(psnr(f[-1], sim.frames[-1])) for f, sim in zip(frames, sims, strict=True)]
+        drift = [float(psnr(f[-1], f[1])) for f in frames]  # the model's last frame vs its own first
+        sharp = [  # per 64-frame segment, model / game
+            float(np.mean([sharpness(f[i : i + 64]).mean() for f in frames]))
+            / float(np.mean([sharpness(s.frames[i : i + 64]).mean() for s in sims]))
+            for i in range(1, n_frames, 64)
+        ]
         out[name] = {
             "player_ok_fraction": float(ok.mean()),
             "player_ok_fraction_perfect_model": float(perfect.mean()),
@@ -432,6 +459,8 @@ def minute_rollouts(
             "knowable_fraction": float(knowable.mean()),
             "player_ok_by_100_frames": [float(ok[:, i : i + 100].mean()) for i in range(0, n_frames, 100)],
             "psnr_last_frame_db": float(np.mean(last)),
+            "psnr_last_vs_own_first_frame_db": float(np.mean(drift)),
+            "sharpness_ratio_by_64_frame_segment": np.round(sharp, 3).tolist(),
             "psnr_by_100_frames_db": [
                 float(np.mean([psnr(f[i], sim.frames[i]) for f, sim in zip(frames, sims, strict=True)]))
                 for i in range(100, n_frames + 1, 100)
@@ -654,6 +683,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("return", {k: v for k, v in results["return_probe"].items() if k != "seeds"})
     results["revisit_probe"] = return_probe(engine, mid, args.probe_cases, args.batch, hold=48)
     print("revisit", {k: v for k, v in results["revisit_probe"].items() if k != "seeds"})
+    # Issue 41's: 32 frames away and 32 back on each axis, the view on return against the view before.
+    ways = {w: return_probe(engine, mid, args.probe_cases, args.batch, hold=32, way=w) for w in WAYS}
+    back = [v["psnr_frame64_vs_own_frame0"] for v in ways.values()]
+    results["away_and_back_32"] = {"".join(w): v for w, v in ways.items()} | {
+        "mean_vs_own_frame0_db": float(np.mean(back))
+    }
+    print("away and back", {"".join(w): round(v["psnr_frame64_vs_own_frame0"], 2) for w, v in ways.items()})
     if args.long_frames:
         long_seeds = [EVAL_SEED_BASE + 20000 + i for i in range(args.long_seeds)]
         results["long_rollout"] = long_rollouts(engine, mid, long_seeds, args.long_frames, args.batch)
@@ -666,14 +702,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("minute", {k: v for k, v in results["minute_rollouts"].items() if k != "seeds"})
         side_by_side_mp4(game, model, args.out / f"tiny_world_side_by_side{tag}.mp4")
     long, minute = results.get("long_rollout"), results.get("minute_rollouts")
-    results["targets"] = {  # issue 11
-        "control_median_ratio_ge_0.8": results["control_probe"]["median_ratio"] >= 0.8,
+
+    def sharp_ok(ratios: list[float]) -> bool:
+        return all(0.75 <= r <= 1.25 for r in ratios)
+
+    shown = long["creatures_shown_where_game_shows"] if long else None
+    results["targets"] = {  # issue 41
+        "control_median_ratio_ge_0.85": results["control_probe"]["median_ratio"] >= 0.85,
         "walls_ge_80pct": results["wall_probe"]["correct_fraction"] >= 0.8,
-        "player_ge_98pct": minute["player_ok_fraction"] >= 0.98 if minute else None,
-        "idle_frame_600_ge_24db": minute["idle"]["psnr_last_frame_db"] >= 24.0 if minute else None,
-        "sharpness_within_25pct": long["sharpness_within_25pct"] if long else None,
-        "colour_in_range_ge_98pct": long["stats_in_sim_range_fraction"] >= 0.98 if long else None,
-        "psnr_1_32_ge_21db": results["psnr_db"]["1-32"] >= 21.0,
+        "psnr_1_32_ge_23db": results["psnr_db"]["1-32"] >= 23.0,
+        "idle_frame_600_vs_frame_1_ge_24db": minute["idle"]["psnr_last_vs_own_first_frame_db"] >= 24.0
+        if minute
+        else None,
+        "sharpness_within_25pct_idle_and_random": sharp_ok(
+            minute["idle"]["sharpness_ratio_by_64_frame_segment"]
+            + minute["random"]["sharpness_ratio_by_64_frame_segment"]
+        )
+        if minute
+        else None,
+        "away_and_back_ge_22db": results["away_and_back_32"]["mean_vs_own_frame0_db"] >= 22.0,
+        "creatures_shown_ge_50pct": shown >= 0.5 if shown is not None else None,
     }
     print("targets", results["targets"])
     results["eval_seconds"] = round(time.perf_counter() - t_start, 1)

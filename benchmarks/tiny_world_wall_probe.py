@@ -70,7 +70,7 @@ def model_move(world: World, start: torch.Tensor, key: str, frames: int, seed: i
             torch.Generator().manual_seed(seed),
             canonical=world.decoder.canonical,
             carry_channels=world.plugin.settings.carry_channels,
-            gate=world.plugin.gate,
+            motion=world.plugin.motion,
         )
     video, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
     axis, sign = AXES[key]

@@ -11,7 +11,7 @@ the benchmarks agree on it:
   the steps it is served with (that schedule without its 500 step);
 * `world_config()` serving settings: 30 fps, image start, the served schedule, context noise;
   the world's own behaviour is its plug-in (models/tiny_world/plugin.py: the sampler's carried
-  channels, `carried_channels()`; the key gate; the sessions' atlas, `atlas_tiles()`);
+  channels, `carried_channels()`; the motion head; the sessions' atlas, `atlas_tiles()`);
 * `start_image(seed)` the simulator's first frame for a session seed (what a session starts from);
 * `WEIGHTS_DIR`    the shipped model directory (worldserve.json + transformer/ + vae/).
 
@@ -29,8 +29,8 @@ from models.causal_wan import ActionConfig, CausalWanConfig
 from models.game import FPS, KEYS, Game, GameConfig
 from models.sampler import FlowSchedule
 from models.tiny_world.fast_decoder import PHASE_CHANNELS, SPRITE_CHANNELS, SPRITE_SCALE, FastAEConfig
-from models.tiny_world.key_gate import KeyGate
 from models.tiny_world.marker import MarkerConfig
+from models.tiny_world.motion_head import MotionHead
 from models.world import WorldConfig
 
 NAME = "tiny-world"
@@ -138,10 +138,10 @@ def carried_channels(place: bool = False, view: bool = False) -> tuple[int, ...]
     return tuple(sorted((place_channels() if place else ()) + (view_channels() if view else ())))
 
 
-def atlas_tiles(gate: KeyGate | None) -> int:
-    """`WorldConfig.atlas_tiles` of a tiny world served with `gate`: sessions keep an atlas when
-    the gate plans the view's motion (which places every frame on the tile grid), else none."""
-    return ATLAS_TILES if gate is not None and gate.cfg.view else 0
+def atlas_tiles(motion: MotionHead | None) -> int:
+    """`WorldConfig.atlas_tiles` of a tiny world served with `motion`: sessions keep an atlas when
+    a motion head plans each frame's place on the tile grid (its pose files the tiles), else none."""
+    return ATLAS_TILES if motion is not None else 0
 
 
 # The schedule the DiT's self-forced stages unroll (train.py). Served without its 500 step: on

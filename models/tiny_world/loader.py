@@ -1,5 +1,5 @@
 """The tiny world's registrations: the `tiny-world` name, the "game" start image, the "fast"
-decoder kind, its plug-in (key gate, atlas, terrain prior: models/tiny_world/plugin.py), which
+decoder kind, its plug-in (motion head, atlas, terrain prior: models/tiny_world/plugin.py), which
 a worldserve.json "plugin" block with "name": "tiny_world" loads, and the DiT input features
 "sprite_marker" (models/tiny_world/marker.py) of DiTs trained with `--marker`.
 

@@ -1,6 +1,6 @@
 """The sprite marker: per-cell DiT input channels that say where the player's sprite is relative
-to each latent cell, computed from the tile-aligned latents themselves (`sprite_marker`). The key
-gate reads it too. A DiT reads it through the generic input-feature seam of the causal Wan
+to each latent cell, computed from the tile-aligned latents themselves (`sprite_marker`). The
+motion head reads it too. A DiT reads it through the generic input-feature seam of the causal Wan
 (`models.causal_wan.InputFeatures`), registered as "sprite_marker" (models/tiny_world/loader.py);
 the shipped DiT reads none (its config's `input_features` is null), the trainer's `--marker`
 option builds DiTs that do (models/tiny_world/training/dit.py `with_marker`)."""

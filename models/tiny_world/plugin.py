@@ -1,25 +1,26 @@
-"""The tiny world's plug-in (`models.plugin.WorldPlugin`): its key gate, carried channels and atlas.
+"""The tiny world's plug-in (`models.plugin.WorldPlugin`): its motion head, carried channels and atlas.
 
-What the built-in world adds to the shared DiT, decoder and schedule, all optional:
+What the built-in world adds to the shared DiT, decoder and schedule, all optional and all
+learned networks or generic machinery (no rule of the game it was trained on):
 
 * carried channels (`TinyWorldSettings.carry_channels`): the sampler's noise of those latent
   channels is the history's latest frame (the player's place and the view's phase: the DiT was
   trained to move them from where they were);
-* a key gate (`KeyGate`): the movement keys it finds blocked from the latest frame are released
-  before the DiT sees them and, for a gate that plans motion (`KeyGateConfig.view`), the chunk's
-  `Pins` (the view's phase, the player's place) are written into every clean estimate;
-* an atlas (`atlas_tiles` > 0 with a gate that plans the view): sessions keep the tiles they
-  have shown and draw the remembered ones when they come back into view, with the world's size
-  and wall colours (`world_tiles`, `wall_rgb`) and optionally a terrain prior for new tiles.
+* a motion head (`MotionHead`): from the latest frame and the chunk's keys it predicts how the
+  view and the player move in each frame; the keys it finds without effect are released before
+  the DiT sees them, and the motion is written into every clean estimate (`Pins`);
+* an atlas (`atlas_tiles` > 0 with a motion head): sessions keep the tiles they have shown, filed
+  by the head's predicted pose, and draw the remembered ones when they come back into view, and
+  optionally a learned terrain prior for new tiles.
 
 A session's state (`TinyState`) is its latest latent frame and its atlas. worldserve.json keeps
-the settings in one block, the gate's and the terrain prior's configs inside it::
+the settings in one block, the motion head's and the terrain prior's configs inside it::
 
     "plugin": {"name": "tiny_world", "carry_channels": [...], "atlas_tiles": 64,
                "world_tiles": 40, "wall_rgb": [[r, g, b], ...],
-               "gate": KeyGateConfig, "terrain": TerrainPriorConfig}   (gate, terrain optional)
+               "motion": MotionHeadConfig, "terrain": TerrainPriorConfig}   (both optional)
 
-with the weights at DIR/gate/key_gate.safetensors and DIR/terrain/terrain_prior.safetensors.
+with the weights at DIR/motion/motion_head.safetensors and DIR/terrain/terrain_prior.safetensors.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from models.game import GameConfig
 from models.plugin import ChunkPlan, WorldPlugin
 from models.tiny_world import atlas_tiles
 from models.tiny_world.atlas import Atlas, Cartographer
-from models.tiny_world.key_gate import KeyGate, KeyGateConfig, read_motion
-from models.tiny_world.marker import marker_inputs
+from models.tiny_world.marker import marker_inputs, marker_motion
+from models.tiny_world.motion_head import MotionHead, MotionHeadConfig
 from models.tiny_world.sampling import carry, pin
 from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig
 
@@ -46,18 +47,18 @@ if TYPE_CHECKING:
     from models.world import World
 
 NAME = "tiny_world"  # worldserve.json "plugin.name"
-GATE_WEIGHTS = "gate/key_gate.safetensors"  # the key gate, relative to the model directory
+MOTION_WEIGHTS = "motion/motion_head.safetensors"  # the motion head, relative to the model directory
 TERRAIN_WEIGHTS = "terrain/terrain_prior.safetensors"  # the terrain prior, likewise
 
 
 @dataclass
 class TinyWorldSettings:
-    """The plug-in's serving settings (worldserve.json "plugin", less "name", "gate", "terrain")."""
+    """The plug-in's serving settings (worldserve.json "plugin", less "name", "motion", "terrain")."""
 
     # Latent channels whose sampler noise is the history's latest frame instead of a random draw.
     carry_channels: tuple[int, ...] = ()
     # > 0: sessions keep a map of the tiles they have shown, this many tiles across (`Atlas`);
-    # needs tile-aligned latents and a key gate that plans the view's motion. 0: none.
+    # needs tile-aligned latents and a motion head (its predicted pose files the tiles). 0: none.
     atlas_tiles: int = 0
     # > 0 with an atlas: the world is a square this many tiles across ringed by wall, each tile in
     # one of the colours `wall_rgb` (`Atlas.bounds`). 0: the world's size is unknown.
@@ -122,7 +123,7 @@ class TinyWorldPlugin(WorldPlugin):
 
     name = NAME
     settings: TinyWorldSettings = field(default_factory=TinyWorldSettings)
-    gate: KeyGate | None = None  # which held keys the world's walls block (None: every key moves)
+    motion: MotionHead | None = None  # plans each chunk's motion (None: the DiT draws it)
     terrain: TerrainPrior | None = None  # draws the tiles sessions show for the first time
     # Set by `bind`: writes and reads sessions' atlases (None: no atlas), the world's dtype.
     cartographer: Cartographer | None = field(default=None, init=False)
@@ -131,22 +132,21 @@ class TinyWorldPlugin(WorldPlugin):
     latent_shape: tuple[int, int, int] = field(default=(0, 0, 0), init=False)
 
     def bind(self, world: World) -> None:
-        """Check the settings, gate and prior against `world`; move them to its device and dtype."""
+        """Check the settings, motion head and prior against `world`; move them to its device and dtype."""
         s = self.settings
         channels = world.latent_shape[0]
         bad = [c for c in s.carry_channels if not 0 <= c < channels]
         if bad:
             raise ValueError(f"carry_channels {bad} are not latent channels (0..{channels - 1})")
         self.device, self.dtype, self.latent_shape = world.device, world.dtype, world.latent_shape
-        if self.gate is not None:
-            keys, read = tuple(world.action_space.keys), tuple(self.gate.cfg.keys)
+        if self.motion is not None:
+            keys, read = tuple(world.action_space.keys), tuple(self.motion.cfg.keys)
             if read != keys:
-                raise ValueError(f"key gate reads keys {list(read)}, the world's are {list(keys)}")
-            if self.gate.cfg.in_channels != channels:
-                raise ValueError(
-                    f"key gate reads {self.gate.cfg.in_channels} latent channels, the DiT makes {channels}"
-                )
-            self.gate = self.gate.to(device=self.device, dtype=self.dtype).eval()
+                raise ValueError(f"motion head reads keys {list(read)}, the world's are {list(keys)}")
+            if self.motion.cfg.in_channels != channels:
+                read_c = self.motion.cfg.in_channels
+                raise ValueError(f"motion head reads {read_c} latent channels, the DiT makes {channels}")
+            self.motion = self.motion.to(device=self.device, dtype=self.dtype).eval()
         self.cartographer = None
         if s.atlas_tiles > 0:
             ae = getattr(world.decoder, "ae", None)
@@ -164,12 +164,12 @@ class TinyWorldPlugin(WorldPlugin):
     @property
     def keeps_last(self) -> bool:
         """Whether sessions keep their latest latent frame: read by `noise` and `plan`."""
-        return bool(self.settings.carry_channels) or self.gate is not None
+        return bool(self.settings.carry_channels) or self.motion is not None
 
     @property
     def remembers(self) -> bool:
-        """Whether sessions keep an atlas: `atlas_tiles` > 0 and a gate that plans the view."""
-        return self.cartographer is not None and self.gate is not None and self.gate.cfg.view
+        """Whether sessions keep an atlas: `atlas_tiles` > 0 and a motion head."""
+        return self.cartographer is not None and self.motion is not None
 
     def state_bytes(self) -> int:
         """Bytes of one atlas version where sessions remember (the latest frame is not counted)."""
@@ -207,46 +207,36 @@ class TinyWorldPlugin(WorldPlugin):
     def steer(
         self, actions: torch.Tensor | None, states: Sequence[TinyState | None]
     ) -> tuple[torch.Tensor | None, Pins | None]:
-        """The chunk's action rows with each movement key released in the frames the gate finds it
-        blocked from entry i's latest frame (`KeyGate.steer`), and, where the gate plans motion,
-        `Pins` with the tiles entry i's atlas remembers in its frames' views (`Cartographer.recall`).
-        Entries without a state keep their actions and have no plan."""
+        """The chunk's action rows with each held key the motion head finds without effect from
+        entry i's latest frame released, and `Pins` with the head's planned motion
+        (`MotionHead.steer`) and, where sessions remember, the tiles entry i's atlas holds in
+        its frames' views (`Cartographer.recall`). Entries without a state keep their actions and
+        have no plan."""
         rows = [i for i, st in enumerate(states) if st is not None]
-        if self.gate is None or actions is None or not rows:
+        if self.motion is None or actions is None or not rows:
             return actions, None
-        last = [states[i].last for i in rows]  # type: ignore[union-attr]
-        z = torch.stack([x[:, -1] for x in last]).to(self.device, self.dtype)  # (k, C, h, w)
-        mapped = [j for j, i in enumerate(rows) if states[i].atlas is not None]  # type: ignore[union-attr]
-        carto = self.cartographer if self.gate.cfg.view and mapped else None
-        if carto is None:
-            mapped = []
-        ids = [rows[j] for j in mapped]
-        if mapped:
-            batch = Atlas.stack([states[i].atlas for i in ids])  # type: ignore[misc,union-attr]
-            lasts = torch.stack([states[i].last for i in ids])  # type: ignore[union-attr]
-        edges = None
-        if carto is not None and carto.span:
-            edges = torch.full((len(rows), 2, 2), -1, dtype=torch.long, device=self.device)
-            if mapped:
-                edges[mapped] = carto.rooms(batch, lasts)
-        gated, plan = self.gate.steer(actions[rows], z, edges)  # plan: (k, 6, n)
+        z = torch.stack([states[i].last[:, -1] for i in rows]).to(self.device, self.dtype)  # type: ignore[union-attr]
+        gated, plan = self.motion.steer(actions[rows], z)  # plan: (k, 6, n)
         out = actions.clone()
         out[rows] = gated.to(actions.dtype)
-        if plan is None:
-            return out, None
         values = plan.new_zeros(actions.shape[0], *plan.shape[1:])
         values[rows] = plan
         mask = torch.zeros(actions.shape[0], dtype=torch.bool)
         mask[rows] = True
-        pins = Pins(marker_inputs(self.gate.cfg.marker), values.to(self.dtype), mask.to(self.device))
-        if carto is None:
+        marker = self.motion.cfg.marker
+        pins = Pins(marker_inputs(marker), values.to(self.dtype), mask.to(self.device))
+        carto = self.cartographer
+        mapped = [j for j, i in enumerate(rows) if states[i].atlas is not None]  # type: ignore[union-attr]
+        if carto is None or not mapped:
             return out, pins
-        phases = read_motion(plan, self.gate.cfg.marker)[0].long()  # (k, 2, n) px
+        ids = [rows[j] for j in mapped]
+        batch = Atlas.stack([states[i].atlas for i in ids])  # type: ignore[misc,union-attr]
+        lasts = torch.stack([states[i].last for i in ids])  # type: ignore[union-attr]
+        phases = torch.round(marker_motion(plan[mapped].float(), marker)[0]).long()  # (m, 2, n) px
         b, n, hw = actions.shape[0], plan.shape[2], self.latent_shape[1:]
         cells = torch.zeros(b, carto.k, n, *hw, dtype=self.dtype, device=self.device)
         cell_mask = torch.zeros(b, 1, n, *hw, dtype=torch.bool, device=self.device)
-        if mapped:
-            cells[ids], cell_mask[ids] = carto.recall(batch, lasts, phases[mapped])
+        cells[ids], cell_mask[ids] = carto.recall(batch, lasts, phases)
         return out, replace(pins, cells=cells, cell_mask=cell_mask)
 
     @torch.no_grad()
@@ -299,11 +289,11 @@ class TinyWorldPlugin(WorldPlugin):
         return TinyState(last.to(self.device, self.dtype), atlas)
 
     def save(self, root: Path) -> dict[str, Any]:
-        """Write the gate and prior weights under `root`; returns the "plugin" block."""
+        """Write the motion head and prior weights under `root`; returns the "plugin" block."""
         block: dict[str, Any] = {"name": NAME, **self.settings.to_dict()}
-        if self.gate is not None:
-            block["gate"] = self.gate.cfg.to_dict()
-            _save_weights(self.gate, root / GATE_WEIGHTS)
+        if self.motion is not None:
+            block["motion"] = self.motion.cfg.to_dict()
+            _save_weights(self.motion, root / MOTION_WEIGHTS)
         if self.terrain is not None:
             block["terrain"] = self.terrain.cfg.to_dict()
             _save_weights(self.terrain, root / TERRAIN_WEIGHTS)
@@ -332,25 +322,30 @@ def load_plugin(root: str | Path, block: dict[str, Any]) -> TinyWorldPlugin:
     if block.get("name") != NAME:
         raise ValueError(f"{root}: plugin {block.get('name')!r} is not {NAME!r}")
     settings = TinyWorldSettings.from_dict(block)
-    gate = terrain = None
     if "gate" in block:
-        gate = KeyGate(KeyGateConfig.from_dict(block["gate"]))
-        _load_weights(gate, root / GATE_WEIGHTS)
+        raise ValueError(
+            f"{root}: its key gate planned motion by the game's hand-written rule, which worldserve no "
+            "longer serves; train a learned motion head in its place: "
+            f"python -m models.tiny_world.motion --model {root}"
+        )
+    motion = terrain = None
+    if "motion" in block:
+        motion = MotionHead(MotionHeadConfig.from_dict(block["motion"]))
+        _load_weights(motion, root / MOTION_WEIGHTS)
     if "terrain" in block:
         terrain = TerrainPrior(TerrainPriorConfig.from_dict(block["terrain"]))
         _load_weights(terrain, root / TERRAIN_WEIGHTS)
-    if settings.atlas_tiles and (gate is None or not gate.cfg.view):
-        raise ValueError(f"{root}: atlas_tiles needs a key gate that plans the view's motion (gate.view)")
-    return TinyWorldPlugin(settings, gate, terrain)
+    if settings.atlas_tiles and motion is None:
+        raise ValueError(f"{root}: atlas_tiles needs a motion head (its predicted pose files the tiles)")
+    return TinyWorldPlugin(settings, motion, terrain)
 
 
 def served_plugin(
-    carry_channels: Sequence[int] = (), gate: KeyGate | None = None, terrain: TerrainPrior | None = None
+    carry_channels: Sequence[int] = (), motion: MotionHead | None = None, terrain: TerrainPrior | None = None
 ) -> TinyWorldPlugin:
     """The plug-in a tiny world is served with (as the trainer exports it): `carry_channels`, the
-    gate, and where the gate plans the view an atlas of the game's world (its size and border
-    wall colours) with the terrain prior."""
-    atlas = atlas_tiles(gate)
+    motion head, and with it an atlas with the terrain prior."""
+    atlas = atlas_tiles(motion)
     game = GameConfig()
     settings = TinyWorldSettings(
         carry_channels=tuple(carry_channels),
@@ -358,7 +353,7 @@ def served_plugin(
         world_tiles=game.world_tiles if atlas else 0,
         wall_rgb=tuple(tuple(c) for c in game.palette.wall) if atlas else (),  # type: ignore[misc]
     )
-    return TinyWorldPlugin(settings, gate, terrain if atlas else None)
+    return TinyWorldPlugin(settings, motion, terrain if atlas else None)
 
 
 def _update_block(root: Path, part: str, module: torch.nn.Module, config: dict, weights: str) -> None:
@@ -370,12 +365,12 @@ def _update_block(root: Path, part: str, module: torch.nn.Module, config: dict, 
     meta_path.write_text(json.dumps(meta, indent=2))
 
 
-def save_gate(gate: KeyGate, path: str | Path) -> None:
-    """Write a key gate into a model directory: its weights, and its config as the "plugin"
-    block's "gate" (the rest of the directory is left as it is)."""
-    _update_block(Path(path), "gate", gate, gate.cfg.to_dict(), GATE_WEIGHTS)
+def save_motion(head: MotionHead, path: str | Path) -> None:
+    """Write a motion head into a model directory: its weights, and its config as the "plugin"
+    block's "motion" (the rest of the directory is left as it is)."""
+    _update_block(Path(path), "motion", head, head.cfg.to_dict(), MOTION_WEIGHTS)
 
 
 def save_terrain(prior: TerrainPrior, path: str | Path) -> None:
-    """Write a terrain prior into a model directory, as `save_gate` a gate ("terrain")."""
+    """Write a terrain prior into a model directory, as `save_motion` a motion head ("terrain")."""
     _update_block(Path(path), "terrain", prior, prior.cfg.to_dict(), TERRAIN_WEIGHTS)

@@ -81,21 +81,21 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              optimiser: sf2's settings with the view's phase channels weighted `sf3_phase_weight`
              in the flow loss (`sf_phase_weight`: the motion, against the cells).
              `sf_release_blocked`: the self-forced phases see every movement key released in the
-             steps a wall blocks it (`release_blocked`), as the key gate serves the DiT.
-    gate     the key gate (`gate_steps` > 0; models/key_gate.py, models/tiny_world/gate.py): a
-             small classifier from a latent frame to each movement key's room in the next chunk,
-             on every episode frame in the served history's form, labelled by the game's rule on
-             each world's map; half the frames see the player moved up to `gate_jitter` px.
-    terrain  the terrain prior (`terrain_steps` > 0, with a gate that plans the view: the atlas;
+             steps a wall blocks it (`release_blocked`), as the motion head serves the DiT.
+    motion   the motion head (`motion_steps` > 0; models/tiny_world/motion_head.py,
+             models/tiny_world/motion.py): from a latent frame and a chunk's keys, how the view
+             and the player move in each frame and which held keys do nothing; on every episode
+             chunk in the served history's form, labelled by what the episodes did.
+    terrain  the terrain prior (`terrain_steps` > 0, with a motion head: the atlas;
              models/terrain_prior.py, models/tiny_world/terrain.py): a classifier from a tile's
              neighbourhood as a session knows it to the tile, on the training worlds' maps; the
              atlas draws every tile that comes into view for the first time from it.
-    export   DIR/model: a model directory (worldserve.json + transformer/ + vae/ [+ gate/] [+ terrain/])
+    export   DIR/model: a model directory (worldserve.json + transformer/ + vae/ [+ motion/] [+ terrain/])
              for load_world
 
 This module is the command line; each stage's code is a module of `models.tiny_world.training`:
 `config` (TrainConfig, the recipe), `latents` (data), `autoencoder`, `dit`, `self_forcing` (with
-`clips`, `targets`, `history` and `heads`), `gate`, `prior` (terrain), and `trainer`, which runs
+`clips`, `targets`, `history` and `heads`), `motion`, `prior` (terrain), and `trainer`, which runs
 them in order, checkpoints and exports.
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    # Tiny Adam moments turn denormal and slow CPU math ~10x (the key gate's 3x slower by its
+    # Tiny Adam moments turn denormal and slow CPU math ~10x (a small head's 3x slower by its
     # thousandth step). The flag is per thread and torch's workers take it from the thread that
     # starts them, so it is set before any exist; restored for whoever runs after (tests).
     torch.set_flush_denormal(True)
@@ -192,10 +192,10 @@ def run_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"{ckpt} exists; pass --resume or use a new --out")
     else:
         cfg = TrainConfig.from_dict({**asdict(TrainConfig()), **overrides, "seed": args.seed})
-    if cfg.gate_steps > 0 and not (cfg.ae_tiled and cfg.ae_sprite):
+    if cfg.motion_steps > 0 and not (cfg.ae_tiled and cfg.ae_sprite):
         parser.error(
-            "the key gate (--gate-steps) reads the sprite layer: it needs --ae-tiled true --ae-sprite true, "
-            "or --gate-steps 0"
+            "the motion head (--motion-steps) reads the sprite layer: it needs --ae-tiled true "
+            "--ae-sprite true, or --motion-steps 0"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = None if args.minutes is None else time.monotonic() + args.minutes * 60

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-STAGES = ("ae", "dit", "sf", "sf2", "sf3", "gate", "terrain", "done")
+STAGES = ("ae", "dit", "sf", "sf2", "sf3", "motion", "terrain", "done")
 
 
 SF_STAGES = ("sf", "sf2", "sf3")
@@ -13,7 +13,7 @@ SF_STAGES = ("sf", "sf2", "sf3")
 
 # Settings whose default changed the recipe when they were added: their value before, so a run
 # checkpointed before them resumes (and exports) as it was started.
-ABSENT = {"sf2_steps": 0, "sf3_steps": 0, "sf3_release_blocked": False, "gate_steps": 0, "terrain_steps": 0}
+ABSENT = {"sf2_steps": 0, "sf3_steps": 0, "sf3_release_blocked": False, "motion_steps": 0, "terrain_steps": 0}
 
 
 @dataclass
@@ -123,11 +123,9 @@ class TrainConfig:
     # (`release_blocked`), as a world with a key gate (`models.tiny_world.key_gate`) serves its DiT: a held
     # key then always moves the player, and a blocked one is an idle frame.
     sf_release_blocked: bool = False
-    # The key gate (`models.tiny_world.key_gate`; models/tiny_world/gate.py), trained after the DiT stages on
-    # the same episodes' latents (0 steps: no gate). Half its frames see the player moved up to
-    # `gate_jitter` px, as a generated frame may draw it.
-    gate_steps: int = 3000
-    gate_jitter: int = 6
+    # The motion head (`models.tiny_world.motion_head`; models/tiny_world/motion.py), trained after the
+    # DiT stages on the same episodes' latents, labelled by what the episodes did (0 steps: none).
+    motion_steps: int = 4000
     # The terrain prior (`models.tiny_world.terrain_prior`; models/tiny_world/terrain.py), trained last on the
     # training worlds' maps alone (0 steps, or no atlas: none; the DiT invents new terrain).
     terrain_steps: int = 3000

@@ -180,8 +180,8 @@ class DiTStage:
         return True
 
     def end_dit(self) -> None:
-        """After the last DiT stage: the key gate's stage, or done."""
-        self.stage, self.step = ("gate" if self.cfg.gate_steps > 0 else "done"), 0
+        """After the last DiT stage: the motion head's stage, or done."""
+        self.stage, self.step = ("motion" if self.cfg.motion_steps > 0 else "done"), 0
 
     def flow_step(
         self,

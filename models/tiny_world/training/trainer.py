@@ -17,16 +17,16 @@ from models.causal_wan import CausalWan, CausalWanConfig
 from models.tiny_world import SIZE, ae_config, dit_config, marker_config, world_config
 from models.tiny_world.data import Episodes
 from models.tiny_world.fast_decoder import FastAutoencoder, FastStreamingDecoder
-from models.tiny_world.key_gate import KeyGate
 from models.tiny_world.marker import dit_features, dit_marker
+from models.tiny_world.motion_head import MotionHead
 from models.tiny_world.plugin import served_plugin
 from models.tiny_world.terrain_prior import TerrainPrior
 from models.tiny_world.training.autoencoder import AutoencoderStage
 from models.tiny_world.training.config import SF_STAGES, STAGES, TrainConfig
 from models.tiny_world.training.dit import DiTStage, with_marker
-from models.tiny_world.training.gate import GateStage, gate_config
 from models.tiny_world.training.heads import AuxHeads, FrameCritic
 from models.tiny_world.training.latents import LatentData
+from models.tiny_world.training.motion import MotionStage, motion_config
 from models.tiny_world.training.prior import PriorStage, terrain_config
 from models.tiny_world.training.self_forcing import SelfForcingStage
 from models.world import World
@@ -49,7 +49,7 @@ def set_rng_state(rng: np.random.Generator, gen: torch.Generator, state: dict) -
     gen.set_state(state["torch"])
 
 
-class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, GateStage, PriorStage):
+class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionStage, PriorStage):
     """Runs the stages in order; every `ckpt_every` steps and at the time limit it checkpoints."""
 
     def __init__(self, cfg: TrainConfig, out: Path, deadline: float | None, progress: bool = True) -> None:
@@ -117,7 +117,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, GateStag
         self.aux_heads: AuxHeads | None = None  # `sf_marker_aux` or `sf_motion_aux` > 0, in an sf phase
         self.aux_opt: torch.optim.Optimizer | None = None
         self.phase_log: dict[str, float] = {}  # the last step's unweighted loss on the phase channels
-        self.gate: KeyGate | None = None  # the `gate` stage's key gate, once trained
+        self.motion: MotionHead | None = None  # the `motion` stage's motion head, once trained
         self.terrain: TerrainPrior | None = None  # the `terrain` stage's prior, once trained
 
     def log(self, record: dict) -> None:
@@ -153,7 +153,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, GateStag
                     if self.aux_heads is not None and self.aux_opt is not None
                     else {}
                 ),
-                **({"gate": self.gate.state_dict()} if self.gate is not None else {}),
+                **({"motion": self.motion.state_dict()} if self.motion is not None else {}),
                 **({"terrain": self.terrain.state_dict()} if self.terrain is not None else {}),
             },
         )
@@ -191,9 +191,9 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, GateStag
             self.new_aux_heads(marker="marker.weight" in heads, motion="motion.weight" in heads)
             self.aux_heads.load_state_dict(heads)
             self.aux_opt.load_state_dict(state["aux_opt"])
-        if "gate" in state:
-            self.gate = KeyGate(gate_config(self.ae))
-            self.gate.load_state_dict(state["gate"])
+        if "motion" in state:
+            self.motion = MotionHead(motion_config(self.ae))
+            self.motion.load_state_dict(state["motion"])
         if "terrain" in state:
             self.terrain = TerrainPrior(terrain_config(self.ae.cfg.palette))
             self.terrain.load_state_dict(state["terrain"])
@@ -270,7 +270,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, GateStag
             self.ema.eval(),
             FastStreamingDecoder(self.ae.eval()),
             start_image=None,
-            plugin=served_plugin(self.carried(last), self.gate, self.terrain),
+            plugin=served_plugin(self.carried(last), self.motion, self.terrain),
         )
         model_dir = self.out / "model"
         save_world(world, model_dir, start_image={"kind": "game", "size": SIZE})
@@ -291,8 +291,8 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, GateStag
             while self.stage in SF_STAGES:
                 if not self.train_sf():
                     return False
-            if self.stage == "gate":
-                self.train_gate()
+            if self.stage == "motion":
+                self.train_motion()
             if self.stage == "terrain":
                 self.train_terrain()
             self.export()

@@ -31,14 +31,14 @@ OUT, BACK = "d" * 8, "a" * 8  # 32 px right (the tiles on the left leave the win
 
 
 def with_atlas(world: World, tiles: int) -> World:
-    """`world` (its DiT, decoder and gate) with sessions that keep an atlas `tiles` across (0: none)."""
+    """`world` (its DiT, decoder and motion head) with sessions keeping an atlas `tiles` across (0: none)."""
     settings = replace(world.plugin.settings, atlas_tiles=tiles)
     return World(
         world.config,
         world.transformer,
         world.decoder,
         start_image=world._start_image,
-        plugin=TinyWorldPlugin(settings, gate=world.plugin.gate),
+        plugin=TinyWorldPlugin(settings, motion=world.plugin.motion),
     )
 
 
@@ -200,13 +200,13 @@ def test_an_atlas_needs_tile_aligned_latents():
         World(w.config, w.transformer, w.decoder, plugin=TinyWorldPlugin(TinyWorldSettings(atlas_tiles=64)))
 
 
-def test_a_model_directory_asking_for_an_atlas_needs_a_gate_that_plans(tmp_path):
+def test_a_model_directory_asking_for_an_atlas_needs_a_motion_head(tmp_path):
     model = tmp_path / "model"
     shutil.copytree(WEIGHTS_DIR, model)
     meta = json.loads((model / "worldserve.json").read_text())
-    del meta["plugin"]["gate"]
+    del meta["plugin"]["motion"]
     (model / "worldserve.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="atlas_tiles needs a key gate"):
+    with pytest.raises(ValueError, match="atlas_tiles needs a motion head"):
         load_world(model)
 
 

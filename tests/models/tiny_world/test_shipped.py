@@ -24,6 +24,7 @@ from models.tiny_world import (
 )
 from models.tiny_world.metrics import KEY_AXES, free_worlds, world_displacement
 from models.tiny_world.training.config import TrainConfig
+from models.tiny_world.training.motion import motion_config
 from models.tiny_world.training.prior import terrain_config
 from models.tiny_world.training.trainer import Trainer
 from models.world import Conditioning
@@ -60,21 +61,18 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     second = {"sf2_steps": 500, "sf2_view_start": True, "sf2_jitter_centred": True}
     assert {k: getattr(cfg, k) for k in second} == second
     assert (cfg.sf3_steps, cfg.sf3_phase_weight) == (250, 2.0) and cfg.dit_stages()[-1] == "sf3"
-    assert cfg.sf3_release_blocked and (cfg.gate_steps, cfg.gate_jitter) == (3000, 6)
+    assert cfg.sf3_release_blocked and cfg.motion_steps == 4000
     # The terrain prior (row BN): the `terrain` stage's, on the autoencoder's palette.
     assert cfg.terrain_steps == 3000 and world.plugin.terrain is not None
     assert world.plugin.terrain.cfg == terrain_config(world.decoder.ae.cfg.palette)
     assert world.plugin.cartographer.prior is world.plugin.terrain
-    # The key gate reads the latents the DiT makes and gives each key's room for one chunk.
-    assert world.plugin.gate is not None and world.plugin.gate.cfg.moves == tuple(KEY_AXES)
-    assert (
-        world.plugin.gate.cfg.horizon == world.chunk_frames
-        and world.plugin.gate.cfg.in_channels == world.latent_shape[0]
-    )
+    # The motion head reads the latents the DiT makes and plans one chunk's motion.
+    assert world.plugin.motion is not None and world.plugin.motion.cfg == motion_config(world.decoder.ae)
+    assert world.plugin.motion.cfg.horizon == world.chunk_frames
     trainer = Trainer(cfg, tmp_path, None, progress=False)
     # Served as its last phase trained: the view's phase carried from the latest frame.
     assert world.plugin.settings.carry_channels == trainer.carried("sf3") == view_channels()
-    assert world.plugin.settings.atlas_tiles == atlas_tiles(world.plugin.gate) == ATLAS_TILES
+    assert world.plugin.settings.atlas_tiles == atlas_tiles(world.plugin.motion) == ATLAS_TILES
     assert world.plugin.remembers
     # Trained on TRAIN_SCHEDULE, served without its 500 step (model card, experiment BM).
     assert world.config.schedule == world_config().schedule

@@ -89,7 +89,7 @@ def test_schedule_helpers():
 
 
 def with_transformer(world, transformer, path):
-    """`world` (its decoder, gate and terrain prior) with another DiT, written to the model
+    """`world` (its decoder, motion head and terrain prior) with another DiT, written to the model
     directory `path` and loaded back from it, as a trainer's export is served."""
     from models.registry import load_world, save_world
     from models.world import World
@@ -178,7 +178,7 @@ def test_self_forced_history_is_the_engines_rollout(sink, carry, tmp_path):
         noise,
         canonical=world.canonical,
         carry_channels=carried,
-        gate=world.plugin.gate,
+        motion=world.plugin.motion,
     )
     mine, _ = world.decoder.decode(lat[0], world.decoder.init_cache())
     assert np.abs(mine.numpy().astype(int) - served.astype(int)).max() <= 1
