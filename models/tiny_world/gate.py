@@ -71,7 +71,7 @@ def add_gate(model: Path, out: Path | None, work: Path | None, seed: int, progre
         meta = json.loads((target / "worldserve.json").read_text())
         served = served_plugin(gate=trainer.gate)  # as the recipe exports it
         settings = served.settings.to_dict()
-        meta["plugin"].update({k: settings[k] for k in ("atlas_tiles", "world_tiles", "wall_rgb")})
+        meta["plugin"]["atlas_tiles"] = settings["atlas_tiles"]
         (target / "worldserve.json").write_text(json.dumps(meta, indent=2))
         record = json.loads(trainer.log_path.read_text().splitlines()[-1])
     finally:

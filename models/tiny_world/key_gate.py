@@ -163,20 +163,11 @@ class KeyGate(nn.Module):
         return out
 
     @torch.no_grad()
-    def steer(
-        self, actions: torch.Tensor, z: torch.Tensor, edges: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def steer(self, actions: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A chunk's action rows (B, n, ..., width) from the latest latent frames z (B, C, h, w):
         the rows with every blocked key released (`gate`) and, with `view`, the chunk's planned
-        motion (`plan`; None without): one pass of the convolutions (`rooms`). `edges` (B, 2, 2)
-        long: per axis, the px the view can still move toward its lower and its higher end where
-        the session knows the world's edge (`Cartographer.rooms`), -1 where it does not; where
-        known, that is the view's room instead of the view head's guess."""
+        motion (`plan`; None without): one pass of the convolutions (`rooms`)."""
         free, scroll = self.rooms(z)
-        if scroll is not None and edges is not None:
-            px = torch.stack([edges[:, axis, int(sign > 0)] for _, axis, sign in self.cfg.moves], dim=1)
-            known = torch.div(px, self.cfg.step, rounding_mode="floor").clamp(max=self.cfg.horizon)
-            scroll = torch.where(px >= 0, known, scroll)
         gated = self.gate(actions, free)
         return gated, None if scroll is None else self.plan(gated, scroll, z)
 

@@ -9,14 +9,16 @@ What the built-in world adds to the shared DiT, decoder and schedule, all option
   before the DiT sees them and, for a gate that plans motion (`KeyGateConfig.view`), the chunk's
   `Pins` (the view's phase, the player's place) are written into every clean estimate;
 * an atlas (`atlas_tiles` > 0 with a gate that plans the view): sessions keep the tiles they
-  have shown and draw the remembered ones when they come back into view, with the world's size
-  and wall colours (`world_tiles`, `wall_rgb`) and optionally a terrain prior for new tiles.
+  have shown and draw the remembered ones when they come back into view, and optionally a
+  terrain prior for new tiles. The atlas knows no game constant: tiles are named by the
+  autoencoder's codebook, fit on training frames, and the world's size and walls are the
+  models' to draw (a worldserve.json with the former "world_tiles" or "wall_rgb", hand-written
+  game rules, fails to load).
 
 A session's state (`TinyState`) is its latest latent frame and its atlas. worldserve.json keeps
 the settings in one block, the gate's and the terrain prior's configs inside it::
 
     "plugin": {"name": "tiny_world", "carry_channels": [...], "atlas_tiles": 64,
-               "world_tiles": 40, "wall_rgb": [[r, g, b], ...],
                "gate": KeyGateConfig, "terrain": TerrainPriorConfig}   (gate, terrain optional)
 
 with the weights at DIR/gate/key_gate.safetensors and DIR/terrain/terrain_prior.safetensors.
@@ -33,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.game import GameConfig
 from models.plugin import ChunkPlan, WorldPlugin
 from models.tiny_world import atlas_tiles
 from models.tiny_world.atlas import Atlas, Cartographer
@@ -48,6 +49,13 @@ if TYPE_CHECKING:
 NAME = "tiny_world"  # worldserve.json "plugin.name"
 GATE_WEIGHTS = "gate/key_gate.safetensors"  # the key gate, relative to the model directory
 TERRAIN_WEIGHTS = "terrain/terrain_prior.safetensors"  # the terrain prior, likewise
+# Settings of older model directories that copied the game's rules into the serving path: a
+# directory that still has one fails to load (`TinyWorldSettings.from_dict`) rather than serve
+# without the behaviour it was measured with.
+REMOVED = {
+    "world_tiles": "the game's world size, which stopped the camera at its edge",
+    "wall_rgb": "the game's border wall colours, pinned around its edge",
+}
 
 
 @dataclass
@@ -59,10 +67,6 @@ class TinyWorldSettings:
     # > 0: sessions keep a map of the tiles they have shown, this many tiles across (`Atlas`);
     # needs tile-aligned latents and a key gate that plans the view's motion. 0: none.
     atlas_tiles: int = 0
-    # > 0 with an atlas: the world is a square this many tiles across ringed by wall, each tile in
-    # one of the colours `wall_rgb` (`Atlas.bounds`). 0: the world's size is unknown.
-    world_tiles: int = 0
-    wall_rgb: tuple[tuple[int, int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -70,12 +74,17 @@ class TinyWorldSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TinyWorldSettings:
-        """Inverse of `to_dict`."""
+        """Inverse of `to_dict`; ValueError naming a removed setting (`REMOVED`) that `data` has."""
+        removed = sorted(REMOVED.keys() & data.keys())
+        if removed:
+            why = "; ".join(f"{k!r}: {REMOVED[k]}" for k in removed)
+            raise ValueError(
+                f"plugin settings {removed} were removed (hand-written game rules, not learned; "
+                f'issue 41): delete them from worldserve.json\'s "plugin" block ({why})'
+            )
         return cls(
             carry_channels=tuple(data.get("carry_channels", ())),
             atlas_tiles=int(data.get("atlas_tiles", 0)),
-            world_tiles=int(data.get("world_tiles", 0)),
-            wall_rgb=tuple(tuple(c) for c in data.get("wall_rgb", ())),  # type: ignore[misc]
         )
 
 
@@ -152,7 +161,7 @@ class TinyWorldPlugin(WorldPlugin):
             ae = getattr(world.decoder, "ae", None)
             if ae is None or not ae.cfg.frame_size:
                 raise ValueError("atlas_tiles needs a decoder on tile-aligned latents")
-            self.cartographer = Cartographer(ae, s.atlas_tiles, s.world_tiles, s.wall_rgb)
+            self.cartographer = Cartographer(ae, s.atlas_tiles)
         if self.terrain is not None:
             if self.cartographer is None:
                 raise ValueError("a terrain prior needs an atlas (atlas_tiles > 0)")
@@ -224,12 +233,7 @@ class TinyWorldPlugin(WorldPlugin):
         if mapped:
             batch = Atlas.stack([states[i].atlas for i in ids])  # type: ignore[misc,union-attr]
             lasts = torch.stack([states[i].last for i in ids])  # type: ignore[union-attr]
-        edges = None
-        if carto is not None and carto.span:
-            edges = torch.full((len(rows), 2, 2), -1, dtype=torch.long, device=self.device)
-            if mapped:
-                edges[mapped] = carto.rooms(batch, lasts)
-        gated, plan = self.gate.steer(actions[rows], z, edges)  # plan: (k, 6, n)
+        gated, plan = self.gate.steer(actions[rows], z)  # plan: (k, 6, n)
         out = actions.clone()
         out[rows] = gated.to(actions.dtype)
         if plan is None:
@@ -331,7 +335,10 @@ def load_plugin(root: str | Path, block: dict[str, Any]) -> TinyWorldPlugin:
     root = Path(root)
     if block.get("name") != NAME:
         raise ValueError(f"{root}: plugin {block.get('name')!r} is not {NAME!r}")
-    settings = TinyWorldSettings.from_dict(block)
+    try:
+        settings = TinyWorldSettings.from_dict(block)
+    except ValueError as e:
+        raise ValueError(f"{root}: {e}") from None
     gate = terrain = None
     if "gate" in block:
         gate = KeyGate(KeyGateConfig.from_dict(block["gate"]))
@@ -348,16 +355,9 @@ def served_plugin(
     carry_channels: Sequence[int] = (), gate: KeyGate | None = None, terrain: TerrainPrior | None = None
 ) -> TinyWorldPlugin:
     """The plug-in a tiny world is served with (as the trainer exports it): `carry_channels`, the
-    gate, and where the gate plans the view an atlas of the game's world (its size and border
-    wall colours) with the terrain prior."""
+    gate, and where the gate plans the view an atlas with the terrain prior."""
     atlas = atlas_tiles(gate)
-    game = GameConfig()
-    settings = TinyWorldSettings(
-        carry_channels=tuple(carry_channels),
-        atlas_tiles=atlas,
-        world_tiles=game.world_tiles if atlas else 0,
-        wall_rgb=tuple(tuple(c) for c in game.palette.wall) if atlas else (),  # type: ignore[misc]
-    )
+    settings = TinyWorldSettings(carry_channels=tuple(carry_channels), atlas_tiles=atlas)
     return TinyWorldPlugin(settings, gate, terrain if atlas else None)
 
 

@@ -33,6 +33,10 @@ class TrainConfig:
     ae_l2: float = 1e-4  # weight of mean(z^2), pins the latent scale
     ae_tiled: bool = True  # tile-aligned latents (`ae_config(tiled=True)`), phases from the game's camera
     ae_sprite: bool = True  # with ae_tiled: the player and its ring drawn in view coordinates, not in cells
+    # with ae_tiled: entries of the codebook fit on the training frames' flat cells once the
+    # autoencoder is trained (`models.tiny_world.training.codebook`): a hyper-parameter (the game
+    # draws its terrain in 8 shades, which the fit recovers), not a constant read from the game
+    codebook_size: int = 8
     # DiT
     dit_steps: int = 2000  # optimiser steps
     dit_batch: int = 8  # clips per step

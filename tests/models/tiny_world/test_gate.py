@@ -88,7 +88,11 @@ def test_the_gate_and_terrain_stages_export_a_world_with_both(tmp_path: Path):
     assert plugin.settings.carry_channels == ()  # served as the last DiT stage (sf, no carry) trained it
     assert plugin.remembers and plugin.settings.atlas_tiles == ATLAS_TILES  # its gate plans the view
     assert plugin.terrain is not None and plugin.cartographer.prior is plugin.terrain
-    assert plugin.terrain.cfg.classes == len(world.decoder.ae.cfg.palette)
+    assert plugin.terrain.cfg.classes == len(world.decoder.ae.cfg.codebook)
+    # The `ae` stage fit the codebook on its frames (these few frames show only some colours).
+    (fit,) = [r for r in log if "codebook" in r]
+    assert fit["stage"] == "ae" and fit["codebook"] == world.decoder.ae.cfg.codebook
+    assert 2 <= len(fit["codebook"]) <= 8 and fit["flat_cells"] > 0
 
 
 def test_a_run_without_a_sprite_layer_asks_for_no_gate(tmp_path: Path, capsys):
