@@ -49,15 +49,14 @@ def ae_config(tiled: bool = False, sprite: bool = False) -> FastAEConfig:
     game's 8-px tile grid on a canvas two cells wider than the frame on every side (12x12 cells),
     every cell encoded and drawn from its own pixels, plus 4 phase channels -> 12x12x12.
     `sprite` (with `tiled`): the player and its ring in 3 more channels, drawn in view
-    coordinates over the cells -> 12x12x15. Tile-aligned latents carry the game's terrain
-    palette: a generated cell that draws flat is snapped to its nearest colour
-    (`FastAutoencoder.snap_cells`).
+    coordinates over the cells -> 12x12x15. The codebook that tile-aligned latents snap flat
+    cells to (`FastAutoencoder.snap_cells`) starts empty: the recipe's `ae` stage fits it on the
+    training frames once the autoencoder is trained (`models.tiny_world.training.codebook`).
     """
     return FastAEConfig(
         latent_channels=8 + (PHASE_CHANNELS if tiled else 0) + (SPRITE_CHANNELS if sprite else 0),
         frame_size=SIZE if tiled else 0,
         sprite=sprite,
-        palette=GameConfig().palette.terrain().reshape(-1, 3).tolist() if tiled else [],
         spatial=8,
         temporal=1,
         first_is_single=False,

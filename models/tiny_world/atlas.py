@@ -3,25 +3,19 @@
 Why (issue 11): the DiT attends to a window of recent frames only, so terrain that scrolls out of
 view and back is invented anew: a lake the player walked past is somewhere else on the way back,
 and the world's border wall comes back elsewhere or not at all, so the camera stops where the
-game's does not. A world whose key gate plans the motion (`KeyGate.plan`) knows exactly where
-every frame lies on the tile grid, so it can keep what it has shown. The atlas holds every flat
+game's does not. A world whose learned motion head plans each chunk's motion
+(models/tiny_world/motion_head.py) places every frame on the tile grid by that prediction, so it
+can keep what it has shown: the head's predicted pose is the memory's address, and a pose it
+predicts wrongly files and recalls tiles in the wrong place. The atlas holds every flat
 tile a session has shown (a terrain tile, not part of a creature: `FastAutoencoder.flat_cells`) at
 its place on the grid; when a chunk's frames bring remembered tiles back into view, the sampler
 draws the chunk around them (`World.steer` pins them as it pins the plan). Tiles never shown are
 drawn from the world's terrain prior where it has one (`invent`, models/tiny_world/terrain_prior.py: the
-game's structure, lakes with shores and straight walls, where the DiT's own guesses were a mosaic)
-and pinned alike; without one the DiT invents them. Tiles in the latest frame are left to the
-DiT (its history holds them, and a creature may walk over them).
-
-The world's edge: in a world that is a square of `world_tiles` tiles ringed by wall (the game's),
-the camera stops at the edge and the player walks off the view's centre, so a committed frame whose
-player stands off the centre along an axis, in a view on the tile grid, shows where the world ends
-on that axis: the view's border on the player's side, and the other end `world_tiles` tiles
-further. The atlas keeps those bounds (`Atlas.bounds`); from then on the plan's camera stops
-exactly there (`Cartographer.rooms`, in place of the gate's view head) and the border's wall tiles
-are pinned like remembered ones (`recall`). Before, a border the model had shown and walked away
-from came back where the model's view head happened to see one, so the camera stopped elsewhere
-(issue 11: the player at the border).
+structure of the training worlds' maps, lakes with shores and straight walls, where the DiT's own
+guesses were a mosaic) and pinned alike; without one the DiT invents them. Tiles in the latest
+frame are left to the DiT (its history holds them, and a creature may walk over them). Tiles are
+named by the autoencoder's codebook (`FastAEConfig.codebook`, fit on training frames); the atlas
+knows no world size and no wall colour: where the world ends is the models' to draw.
 
 Bounded: `tiles` x `tiles` slots; the tile at (x, y) (in tiles from the start frame's anchor)
 lives in slot (y mod tiles, x mod tiles), tagged with (x, y), and a newer tile overwrites an older
@@ -37,7 +31,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from models.tiny_world.fast_decoder import FastAutoencoder, read_sprite
+from models.tiny_world.fast_decoder import FastAutoencoder
 from models.tiny_world.terrain_prior import TerrainPrior
 
 EMPTY = -(2**62)  # the tag of a slot that holds nothing
@@ -50,9 +44,6 @@ class Atlas:
     cells: torch.Tensor  # (k, N, N) normalised cell latents: slot [y mod N, x mod N] holds tile (x, y)
     tags: torch.Tensor  # (2, N, N) long: the tile (x, y) in each slot, EMPTY where none
     origin: torch.Tensor  # (2,) long: the tile (x, y) under canvas cell (0, 0) of the latest frame
-    # (2, 2) long: per axis (x, y), the lowest and highest place of the view's top-left corner in
-    # px on the tile grid (tile t spans [t s, (t + 1) s)), once the world's edge was seen; EMPTY before.
-    bounds: torch.Tensor
     salt: torch.Tensor  # () long: a hash of the start frame, which picks the terrain prior's draws
 
     @classmethod
@@ -64,9 +55,7 @@ class Atlas:
     @property
     def nbytes(self) -> int:
         """Bytes the version holds."""
-        return sum(
-            t.numel() * t.element_size() for t in (self.cells, self.tags, self.origin, self.bounds, self.salt)
-        )
+        return sum(t.numel() * t.element_size() for t in (self.cells, self.tags, self.origin, self.salt))
 
 
 def fingerprint(z: torch.Tensor) -> torch.Tensor:
@@ -80,17 +69,9 @@ class Cartographer:
     """Writes and reads the atlases of one world's tile-aligned autoencoder. Latents in and out
     are normalised, as the DiT sees them; the autoencoder runs in its own dtype."""
 
-    def __init__(
-        self,
-        ae: FastAutoencoder,
-        tiles: int,
-        world_tiles: int = 0,
-        wall: tuple[tuple[int, int, int], ...] = (),
-    ) -> None:
-        """`world_tiles` > 0: the world is a square of that many tiles whose outer ring is wall,
-        each tile in one of the colours `wall` (RGB 0-255), and sessions learn its bounds
-        (`Atlas.bounds`); 0: unknown. Without a terrain prior (`set_prior`) the DiT invents the
-        tiles that come into view for the first time."""
+    def __init__(self, ae: FastAutoencoder, tiles: int) -> None:
+        """An atlas of `tiles` x `tiles` slots. Without a terrain prior (`set_prior`) the DiT
+        invents the tiles that come into view for the first time."""
         cfg = ae.cfg
         if not cfg.frame_size:
             raise ValueError("an atlas needs tile-aligned latents (FastAEConfig.frame_size)")
@@ -98,28 +79,18 @@ class Cartographer:
             raise ValueError(f"an atlas of {tiles} tiles is smaller than a latent frame's {cfg.canvas_cells}")
         self.ae, self.tiles = ae, tiles
         self.k, self.s, self.g, self.size = cfg.cell_channels, cfg.spatial, cfg.canvas_cells, cfg.frame_size
-        if world_tiles:
-            if world_tiles * self.s < self.size:
-                raise ValueError(f"a world of {world_tiles} tiles is narrower than the {self.size}-px view")
-            if not cfg.sprite:
-                raise ValueError("world bounds need the player's place in the latents (FastAEConfig.sprite)")
-            if not wall or any(len(c) != 3 for c in wall):
-                raise ValueError(f"world bounds need the border wall's RGB colours, not {list(wall)}")
-        # How far the camera travels across the world, px (0: the world's size is unknown).
-        self.span = world_tiles * self.s - self.size if world_tiles else 0
-        self.wall = tuple(tuple(c) for c in wall)
         self.prior: TerrainPrior | None = None
 
     def set_prior(self, prior: TerrainPrior) -> None:
         """Draw the tiles that come into view for the first time from `prior` (`invent`)."""
-        if prior.cfg.classes != len(self.ae.cfg.palette):
-            n = len(self.ae.cfg.palette)
-            raise ValueError(f"terrain prior chooses among {prior.cfg.classes} tiles, the palette has {n}")
+        if prior.cfg.classes != len(self.ae.cfg.codebook):
+            n = len(self.ae.cfg.codebook)
+            raise ValueError(f"terrain prior chooses among {prior.cfg.classes} tiles, the codebook has {n}")
         self.prior = prior
 
     def nbytes(self, itemsize: int) -> int:
         """Bytes of one atlas version whose cell latents take `itemsize` bytes each (`Atlas.nbytes`)."""
-        return self.k * self.tiles**2 * itemsize + (2 * self.tiles**2 + 2 + 4 + 1) * 8
+        return self.k * self.tiles**2 * itemsize + (2 * self.tiles**2 + 2 + 1) * 8
 
     @property
     def mean(self) -> torch.Tensor:
@@ -150,7 +121,6 @@ class Cartographer:
             cells=z.new_zeros(self.k, n, n),
             tags=torch.full((2, n, n), EMPTY, dtype=torch.long, device=z.device),
             origin=torch.zeros(2, dtype=torch.long, device=z.device),
-            bounds=torch.full((2, 2), EMPTY, dtype=torch.long, device=z.device),
             salt=fingerprint(z),
         )
         return self.write(empty, torch.zeros_like(empty.origin), z)
@@ -158,8 +128,7 @@ class Cartographer:
     @torch.no_grad()
     def write(self, atlas: Atlas, moved: torch.Tensor, z: torch.Tensor) -> Atlas:
         """The atlas after a chunk: its anchor `moved` (2,) tiles (`moves`) and its last frame `z`
-        (C, 1, h, w) in canonical form, whose flat tiles wholly in view are remembered (and the
-        world's bounds, where that frame shows them first: `bound`)."""
+        (C, 1, h, w) in canonical form, whose flat tiles wholly in view are remembered."""
         origin = atlas.origin + moved.to(atlas.origin.device)
         frame = z[:, 0][None]  # (1, C, h, w)
         pos = self.corner(z)[None]
@@ -171,56 +140,13 @@ class Cartographer:
         # A frame's g x g tiles fall in distinct slots (tiles >= g), so one indexed write suffices.
         cells[:, sy, sx] = torch.where(keep, frame[0, : self.k].to(cells.dtype), cells[:, sy, sx])
         tags[:, sy, sx] = torch.where(keep, tiles, tags[:, sy, sx])
-        return Atlas(
-            cells, tags, origin, self.bound(atlas.bounds, origin * self.s + pos[0], frame), atlas.salt
-        )
-
-    def bound(self, bounds: torch.Tensor, view: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
-        """`bounds` after a frame (1, C, h, w) whose view's top-left corner lies at `view` (2,) px
-        on the tile grid: along an axis still unbounded where the frame's player stands off the
-        view's centre and the view lies on the tile grid, the camera has stopped at the world's
-        edge on the player's side (the game's rule, which the plan keeps), and the far edge is
-        `span` px away. Tensor ops only: no host sync in the commit."""
-        if not self.span:
-            return bounds
-        sp = self.ae.cfg.sprite_slice
-        raw = frame[:, sp].to(self.std.dtype) * self.std[sp] + self.mean[sp]
-        off = read_sprite(raw, self.size)[0][0] - self.size // 2  # (2,) the player's px from the centre
-        low = torch.where(off < 0, view, view - self.span)
-        seen = (off != 0) & (view % self.s == 0) & (bounds[:, 0] == EMPTY)
-        return torch.where(seen[:, None], torch.stack([low, low + self.span], dim=1), bounds)
+        return Atlas(cells, tags, origin, atlas.salt)
 
     def corner(self, z: torch.Tensor) -> torch.Tensor:
         """(..., 2) px: the top-left corner of the view of each latent frame z (..., C, 1, h, w)
         on its canvas."""
         frames = z.reshape(-1, *z.shape[-4:])[:, :, 0]  # (N, C, h, w)
         return (self.phase(frames) + 2 * self.s).reshape(*z.shape[:-4], 2)
-
-    def view_of(self, atlas: Atlas, last: torch.Tensor) -> torch.Tensor:
-        """(..., 2) px on the tile grid: the top-left corner of the view of each session's latest
-        frame `last` (..., C, 1, h, w) (the frame `atlas`, or a batch `Atlas.stack`, was last
-        written from)."""
-        return atlas.origin * self.s + self.corner(last)
-
-    @torch.no_grad()
-    def rooms(self, atlas: Atlas, last: torch.Tensor) -> torch.Tensor:
-        """(..., 2, 2) long: per session and axis (x, y), how many px the view of the latest frame
-        `last` (..., C, 1, h, w) can still move toward its lower and its higher end before the
-        camera stops at the world's edge; -1 along an axis whose bounds are not known yet."""
-        view = self.view_of(atlas, last)
-        room = torch.stack([view - atlas.bounds[..., 0], atlas.bounds[..., 1] - view], dim=-1).clamp(min=0)
-        return torch.where((atlas.bounds[..., :1] != EMPTY), room, -1)
-
-    def border(self, bounds: torch.Tensor, tiles: torch.Tensor) -> torch.Tensor:
-        """(..., g, g) bool: which of `tiles` (..., 2, g, g) (`slots`) lie on the world's border
-        ring as far as `bounds` (..., 2, 2) tell (an axis' two outermost tile lines, within the
-        other axis' bounds where those are known)."""
-        known = (bounds[..., 0] != EMPTY)[..., None, None]
-        first = torch.div(bounds[..., 0], self.s, rounding_mode="floor")[..., None, None]
-        last = torch.div(bounds[..., 1] + self.size, self.s, rounding_mode="floor")[..., None, None] - 1
-        inside = (~known | ((tiles >= first) & (tiles <= last))).unbind(-3)
-        ring = (known & ((tiles == first) | (tiles == last))).unbind(-3)
-        return (ring[0] & inside[1]) | (ring[1] & inside[0])
 
     @torch.no_grad()
     def codes(self, colours: tuple[tuple[int, int, int], ...]) -> torch.Tensor:
@@ -231,13 +157,6 @@ class Cartographer:
         raw = self.ae.encode_seen(pixels, torch.ones_like(pixels[:, :1]))[:, :, 0, 0]
         return (raw - self.mean[: self.k, 0, 0]) / self.std[: self.k, 0, 0]
 
-    def wall_tiles(self, tiles: torch.Tensor) -> torch.Tensor:
-        """(..., k, g, g) the wall code of each of `tiles` (..., 2, g, g): the game draws each wall
-        tile in one of its colours at random, so a tile's colour here is a fixed hash of its place."""
-        x, y = tiles.unbind(-3)
-        shade = torch.remainder((x * 73856093) ^ (y * 19349663), len(self.wall))
-        return self.codes(self.wall)[shade].movedim(-1, -3)
-
     @torch.no_grad()
     def recall(
         self, atlas: Atlas, last: torch.Tensor, phases: torch.Tensor
@@ -246,11 +165,10 @@ class Cartographer:
         on the anchor of its latest frame `last` (B, C, 1, h, w), whose frames lie at `phases`
         (B, 2, n) px on that canvas: the normalised cell channels (B, k, n, h, w) as the encoder
         writes them for each frame's view, and where they hold (B, 1, n, h, w) bool: remembered
-        tiles in that frame's view that the latest frame does not show wholly. A tile on the
-        world's border (`border`) that was neither remembered nor begun by the latest frame (whose
-        shade the DiT goes on drawing) is the border's wall; with a terrain prior, every other
-        such tile the chunk brings into view is drawn from it (`invent`). The sessions run as one
-        batch: a few dozen tensor ops per chunk whatever their number."""
+        tiles in that frame's view that the latest frame does not show wholly. With a terrain
+        prior, every tile the chunk brings into view that was neither remembered nor begun by the
+        latest frame (whose shade the DiT goes on drawing) is drawn from it (`invent`). The
+        sessions run as one batch: a few dozen tensor ops per chunk whatever their number."""
         b, n, g = phases.shape[0], phases.shape[2], self.g
         tiles, sy, sx = self.slots(atlas.origin)  # (B, 2, g, g), (B, g, g) each
         known = (self.gather(atlas.tags, sy, sx) == tiles).all(dim=1)  # (B, g, g)
@@ -259,10 +177,6 @@ class Cartographer:
         shown = self.whole(latest)[:, 0]
         latest_cover = self.ae.view_cover(latest, g)
         begun = F.max_pool2d(latest_cover, self.s)[:, 0] > 0
-        if self.span:
-            ring = self.border(atlas.bounds, tiles) & ~known & ~begun
-            kept = torch.where(ring[:, None], self.wall_tiles(tiles), kept)
-            known = known | ring
         pos = phases.transpose(1, 2).reshape(b * n, 2).to(torch.long) + 2 * self.s
         cover = self.ae.view_cover(pos, g)  # (B n, 1, S, S)
         in_view = (F.max_pool2d(cover, self.s) > 0).view(b, n, g, g)
@@ -298,9 +212,9 @@ class Cartographer:
         `latest_cover`, even in part (its colour). Only the fresh entries are meant to be read."""
         assert self.prior is not None
         r, g, unknown = self.prior.cfg.window // 2, self.g, self.prior.cfg.unknown
-        codes = self.codes(tuple(tuple(c) for c in self.ae.cfg.palette))  # (K, k)
+        codes = self.codes(tuple(tuple(c) for c in self.ae.cfg.codebook))  # (K, k)
 
-        def nearest(cells: torch.Tensor) -> torch.Tensor:  # (B, k, ...) normalised -> (B, ...) palette index
+        def nearest(cells: torch.Tensor) -> torch.Tensor:  # (B, k, ...) normalised -> (B, ...) codebook index
             return (cells.movedim(1, -1)[..., None, :] - codes).square().sum(-1).argmin(-1)
 
         places, sy, sx = self.slots(atlas.origin, r)
@@ -309,7 +223,7 @@ class Cartographer:
         central = torch.where(known, nearest(kept.to(codes.dtype)), unknown)
         raw = last[:, : self.k, 0].to(self.std.dtype) * self.std[: self.k] + self.mean[: self.k]
         flat, colour = self.ae.flat_cells(raw, latest_cover)
-        region[:, r : r + g, r : r + g] = torch.where(flat[:, 0], self.ae.palette_index(colour), central)
+        region[:, r : r + g, r : r + g] = torch.where(flat[:, 0], self.ae.codebook_index(colour), central)
         drawn = torch.where(
             fresh, self.prior.fill(region, fresh, places[..., r : r + g, r : r + g], atlas.salt), 0
         )

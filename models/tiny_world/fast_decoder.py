@@ -70,7 +70,7 @@ SPRITE_CHANNELS = 3  # sprite mode: the sprite's centre x, y from the frame's ce
 SPRITE_SCALE = 4.0  # view pixels per unit of the sprite's raw position channels
 SPRITE_REACH = 8  # view pixels from its centre within which the sprite is drawn
 # A generated cell whose pixels in view vary less than this (std, [-1, 1] units, worst channel)
-# is a flat tile to `canonical` and is snapped to the palette; a cell holding part of a creature
+# is a flat tile to `canonical` and is snapped to the codebook; a cell holding part of a creature
 # varies far more (see the model card's snap measurements).
 SNAP_STD = 0.1
 
@@ -92,8 +92,9 @@ class FastAEConfig:
     latents_std: list[float] = field(default_factory=list)  # per channel; [] = 1 (set after training)
     frame_size: int = 0  # > 0: tile-aligned latents of frames this many px square (module docstring)
     sprite: bool = False  # tile-aligned mode: one sprite drawn in view coordinates, not in cells
-    # tile-aligned mode: the terrain's flat tile colours (RGB 0-255) that `canonical` snaps to
-    palette: list[list[int]] = field(default_factory=list)
+    # tile-aligned mode: the flat tile colours (RGB 0-255) that `canonical` snaps to, a codebook
+    # fit on training frames (models/tiny_world/training/codebook.py); [] = no snapping
+    codebook: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         levels = int(math.log2(self.spatial))
@@ -118,10 +119,10 @@ class FastAEConfig:
                 raise ValueError(
                     f"tile-aligned latents need more than {PHASE_CHANNELS + self.sprite_channels} channels"
                 )
-        elif self.sprite or self.palette:
-            raise ValueError("a sprite layer or a palette needs tile-aligned latents (frame_size > 0)")
-        if any(len(c) != 3 or not all(0 <= v <= 255 for v in c) for c in self.palette):
-            raise ValueError("palette colours are RGB triples in 0..255")
+        elif self.sprite or self.codebook:
+            raise ValueError("a sprite layer or a codebook needs tile-aligned latents (frame_size > 0)")
+        if any(len(c) != 3 or not all(0 <= v <= 255 for v in c) for c in self.codebook):
+            raise ValueError("codebook colours are RGB triples in 0..255")
 
     @property
     def margin_cells(self) -> int:
@@ -166,9 +167,12 @@ class FastAEConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> FastAEConfig:
-        """Inverse of `to_dict` (unknown keys, such as a `_class_name`, are ignored)."""
+        """Inverse of `to_dict` (unknown keys, such as a `_class_name`, are ignored; an older
+        directory's "palette", the same list under its former name, is read as the codebook)."""
         names = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names}
+        if "palette" in data and "codebook" not in data:
+            kwargs["codebook"] = data["palette"]
         for key in ("enc_channels", "dec_channels", "dec_up_blocks"):
             if key in kwargs:
                 kwargs[key] = tuple(kwargs[key])
@@ -450,6 +454,17 @@ def crop(canvas: torch.Tensor, pos: torch.Tensor, size: int) -> torch.Tensor:
     return out
 
 
+def flat_in_view(pixels: torch.Tensor, cover: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Canvases (N, 3, S, S) in [-1, 1] seen through `cover` (N, 1, S, S) -> per s x s cell
+    (N, 1, g, g) bool: the cell shows pixels and they are flat (every colour's std under
+    `SNAP_STD`), and the mean colour of those pixels (N, 3, g, g)."""
+    pixels = pixels * cover
+    count = F.avg_pool2d(cover, s) * s * s  # (N, 1, g, g) view pixels per cell
+    mean = F.avg_pool2d(pixels, s) * s * s / count.clamp(min=1)
+    var = F.avg_pool2d(pixels.square(), s) * s * s / count.clamp(min=1) - mean.square()
+    return (count > 0) & (var.clamp(min=0).sqrt().amax(dim=1, keepdim=True) < SNAP_STD), mean
+
+
 def shift_cells(cells: torch.Tensor, d: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
     """Cells (N, C, h, w) of canvases moved by d (N, 2) (x, y) cells in {-1, 0, 1} (the anchor
     moves d tiles, so cell i becomes cell i - d); vacated cells take `fill` (C, 1, 1)."""
@@ -599,7 +614,7 @@ class FastAutoencoder(nn.Module):
         """A generated chunk (normalised latents (B, C, n, h, w)) as it enters the history: moved
         onto the anchor of its own last frame (whole cells shifted, the vacated far-margin cells
         filled as `fill_cell`), phases set exactly to what they read as (the decoder crops there),
-        so it decodes to the same frames; with a palette, flat cells snapped to it (`snap_cells`).
+        so it decodes to the same frames; with a codebook, flat cells snapped to it (`snap_cells`).
         Plain latents are returned as they are."""
         cfg = self.cfg
         if not cfg.frame_size:
@@ -612,7 +627,7 @@ class FastAutoencoder(nn.Module):
         d = self.anchor_moves(z).repeat_interleave(n, dim=0)
         fill = (self.fill_cell() - mean[:k]) / std[:k]
         cells = shift_cells(flat[:, :k], d, fill)
-        if cfg.palette:
+        if cfg.codebook:
             raw = self.snap_cells(cells * std[:k] + mean[:k], phase - s * d + 2 * s)
             cells = (raw - mean[:k]) / std[:k]
         parts = [cells, (phase_channels(phase - s * d, s, (h, w)).to(z.dtype) - mean[ph]) / std[ph]]
@@ -636,25 +651,26 @@ class FastAutoencoder(nn.Module):
     def snap_cells(self, cells: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Raw cells (N, k, g, g) of canvases whose view's top-left corner lies at `pos` (N, 2) ->
         the same, with every cell whose pixels in view are flat (std under `SNAP_STD`) replaced by
-        the code of a cell of the nearest palette colour, as the encoder writes it for that view.
+        the code of a cell of the nearest codebook colour, as the encoder writes it for that view.
 
-        Why (issue 11): the game's terrain is flat tiles of a few colours, but the model's guess
-        for a cell it cannot know (terrain scrolling into view) is their mean, a grey-blue that
-        then spreads through its history. Snapped, every guess is a tile of the game; cells that
-        hold part of a creature are not flat and are left as they are."""
+        Why (issue 11): the training frames' terrain is flat tiles of a few colours, but the
+        model's guess for a cell it cannot know (terrain scrolling into view) is their mean, a
+        grey-blue that then spreads through its history. Snapped, every guess is a tile of the
+        codebook fit on those frames; cells that hold part of a creature are not flat and are left
+        as they are."""
         s = self.cfg.spatial
         cover = self.view_cover(pos, cells.shape[-1])
         flat, mean = self.flat_cells(cells, cover)
-        colours = torch.tensor(self.cfg.palette, dtype=cells.dtype, device=cells.device) / 127.5 - 1  # (K, 3)
-        tile = colours[self.palette_index(mean)].permute(0, 3, 1, 2)  # (N, 3, g, g)
+        book = torch.tensor(self.cfg.codebook, dtype=cells.dtype, device=cells.device) / 127.5 - 1  # (K, 3)
+        tile = book[self.codebook_index(mean)].permute(0, 3, 1, 2)  # (N, 3, g, g)
         snapped = self.encode_seen(F.interpolate(tile, scale_factor=s, mode="nearest"), cover)
         return torch.where(flat, snapped, cells)
 
-    def palette_index(self, colour: torch.Tensor) -> torch.Tensor:
-        """Mean colours (N, 3, g, g) in [-1, 1] (`flat_cells`) -> the nearest palette entry's
+    def codebook_index(self, colour: torch.Tensor) -> torch.Tensor:
+        """Mean colours (N, 3, g, g) in [-1, 1] (`flat_cells`) -> the nearest codebook entry's
         index (N, g, g) long."""
-        palette = torch.tensor(self.cfg.palette, dtype=colour.dtype, device=colour.device) / 127.5 - 1
-        return (colour.permute(0, 2, 3, 1)[..., None, :] - palette).square().sum(-1).argmin(-1)
+        book = torch.tensor(self.cfg.codebook, dtype=colour.dtype, device=colour.device) / 127.5 - 1
+        return (colour.permute(0, 2, 3, 1)[..., None, :] - book).square().sum(-1).argmin(-1)
 
     def view_cover(self, pos: torch.Tensor, g: int) -> torch.Tensor:
         """(N, 1, S, S) canvases of g x g cells, 1 where a view whose top-left corner lies at
@@ -668,12 +684,7 @@ class FastAutoencoder(nn.Module):
         """Raw cells (N, k, g, g) seen through `cover` (`view_cover`) -> (N, 1, g, g) bool: the
         cell shows pixels and they are flat (every colour's std under `SNAP_STD`: a terrain tile,
         not part of a creature), and the mean colour of those pixels (N, 3, g, g) in [-1, 1]."""
-        s = self.cfg.spatial
-        pixels = self.decoder(cells).clamp(-1, 1) * cover
-        count = F.avg_pool2d(cover, s) * s * s  # (N, 1, g, g) view pixels per cell
-        mean = F.avg_pool2d(pixels, s) * s * s / count.clamp(min=1)
-        var = F.avg_pool2d(pixels.square(), s) * s * s / count.clamp(min=1) - mean.square()
-        return (count > 0) & (var.clamp(min=0).sqrt().amax(dim=1, keepdim=True) < SNAP_STD), mean
+        return flat_in_view(self.decoder(cells).clamp(-1, 1), cover, self.cfg.spatial)
 
     def encode_seen(self, pixels: torch.Tensor, cover: torch.Tensor) -> torch.Tensor:
         """Canvas pixels (N, 3, S, S) in [-1, 1] seen through `cover` (N, 1, S, S) -> raw cells

@@ -11,13 +11,15 @@ learned networks or generic machinery (no rule of the game it was trained on):
   the DiT sees them, and the motion is written into every clean estimate (`Pins`);
 * an atlas (`atlas_tiles` > 0 with a motion head): sessions keep the tiles they have shown, filed
   by the head's predicted pose, and draw the remembered ones when they come back into view, and
-  optionally a learned terrain prior for new tiles.
+  optionally a learned terrain prior for new tiles. The atlas knows no game constant: tiles are
+  named by the autoencoder's codebook, fit on training frames, and the world's size and walls
+  are the models' to draw (a worldserve.json with the former "world_tiles" or "wall_rgb",
+  hand-written game rules, fails to load).
 
 A session's state (`TinyState`) is its latest latent frame and its atlas. worldserve.json keeps
 the settings in one block, the motion head's and the terrain prior's configs inside it::
 
     "plugin": {"name": "tiny_world", "carry_channels": [...], "atlas_tiles": 64,
-               "world_tiles": 40, "wall_rgb": [[r, g, b], ...],
                "motion": MotionHeadConfig, "terrain": TerrainPriorConfig}   (both optional)
 
 with the weights at DIR/motion/motion_head.safetensors and DIR/terrain/terrain_prior.safetensors.
@@ -34,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.game import GameConfig
 from models.plugin import ChunkPlan, WorldPlugin
 from models.tiny_world import atlas_tiles
 from models.tiny_world.atlas import Atlas, Cartographer
@@ -49,6 +50,13 @@ if TYPE_CHECKING:
 NAME = "tiny_world"  # worldserve.json "plugin.name"
 MOTION_WEIGHTS = "motion/motion_head.safetensors"  # the motion head, relative to the model directory
 TERRAIN_WEIGHTS = "terrain/terrain_prior.safetensors"  # the terrain prior, likewise
+# Settings of older model directories that copied the game's rules into the serving path: a
+# directory that still has one fails to load (`TinyWorldSettings.from_dict`) rather than serve
+# without the behaviour it was measured with.
+REMOVED = {
+    "world_tiles": "the game's world size, which stopped the camera at its edge",
+    "wall_rgb": "the game's border wall colours, pinned around its edge",
+}
 
 
 @dataclass
@@ -60,10 +68,6 @@ class TinyWorldSettings:
     # > 0: sessions keep a map of the tiles they have shown, this many tiles across (`Atlas`);
     # needs tile-aligned latents and a motion head (its predicted pose files the tiles). 0: none.
     atlas_tiles: int = 0
-    # > 0 with an atlas: the world is a square this many tiles across ringed by wall, each tile in
-    # one of the colours `wall_rgb` (`Atlas.bounds`). 0: the world's size is unknown.
-    world_tiles: int = 0
-    wall_rgb: tuple[tuple[int, int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -71,12 +75,17 @@ class TinyWorldSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TinyWorldSettings:
-        """Inverse of `to_dict`."""
+        """Inverse of `to_dict`; ValueError naming a removed setting (`REMOVED`) that `data` has."""
+        removed = sorted(REMOVED.keys() & data.keys())
+        if removed:
+            why = "; ".join(f"{k!r}: {REMOVED[k]}" for k in removed)
+            raise ValueError(
+                f"plugin settings {removed} were removed (hand-written game rules, not learned; "
+                f'issue 41): delete them from worldserve.json\'s "plugin" block ({why})'
+            )
         return cls(
             carry_channels=tuple(data.get("carry_channels", ())),
             atlas_tiles=int(data.get("atlas_tiles", 0)),
-            world_tiles=int(data.get("world_tiles", 0)),
-            wall_rgb=tuple(tuple(c) for c in data.get("wall_rgb", ())),  # type: ignore[misc]
         )
 
 
@@ -152,7 +161,7 @@ class TinyWorldPlugin(WorldPlugin):
             ae = getattr(world.decoder, "ae", None)
             if ae is None or not ae.cfg.frame_size:
                 raise ValueError("atlas_tiles needs a decoder on tile-aligned latents")
-            self.cartographer = Cartographer(ae, s.atlas_tiles, s.world_tiles, s.wall_rgb)
+            self.cartographer = Cartographer(ae, s.atlas_tiles)
         if self.terrain is not None:
             if self.cartographer is None:
                 raise ValueError("a terrain prior needs an atlas (atlas_tiles > 0)")
@@ -321,7 +330,10 @@ def load_plugin(root: str | Path, block: dict[str, Any]) -> TinyWorldPlugin:
     root = Path(root)
     if block.get("name") != NAME:
         raise ValueError(f"{root}: plugin {block.get('name')!r} is not {NAME!r}")
-    settings = TinyWorldSettings.from_dict(block)
+    try:
+        settings = TinyWorldSettings.from_dict(block)
+    except ValueError as e:
+        raise ValueError(f"{root}: {e}") from None
     if "gate" in block:
         raise ValueError(
             f"{root}: its key gate planned motion by the game's hand-written rule, which worldserve no "
@@ -346,13 +358,7 @@ def served_plugin(
     """The plug-in a tiny world is served with (as the trainer exports it): `carry_channels`, the
     motion head, and with it an atlas with the terrain prior."""
     atlas = atlas_tiles(motion)
-    game = GameConfig()
-    settings = TinyWorldSettings(
-        carry_channels=tuple(carry_channels),
-        atlas_tiles=atlas,
-        world_tiles=game.world_tiles if atlas else 0,
-        wall_rgb=tuple(tuple(c) for c in game.palette.wall) if atlas else (),  # type: ignore[misc]
-    )
+    settings = TinyWorldSettings(carry_channels=tuple(carry_channels), atlas_tiles=atlas)
     return TinyWorldPlugin(settings, motion, terrain if atlas else None)
 
 

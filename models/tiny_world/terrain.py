@@ -5,8 +5,9 @@
 trains a prior on the training worlds' maps (`generate_world` for seeds 0 .. episodes - 1, as the
 recipe's data) as the training run's `terrain` stage does (`train_terrain`, `TrainConfig`'s
 terrain settings) and writes DIR (or a copy, DIR2) with DIR/terrain/ added: about a minute on 2
-CPU cores. It reads only the maps and the autoencoder's palette, so it can be trained apart from
-every other stage. The examples and the training live in
+CPU cores. It reads only the maps and the autoencoder's codebook (`python -m
+models.tiny_world.codebook` fits one; the prior's classes are its entries, in its order), so it
+can be trained apart from every other stage. The examples and the training live in
 `models.tiny_world.training.prior`.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from models.game import GameConfig
+from models.tiny_world.fast_decoder import FastAEConfig
 from models.tiny_world.plugin import save_terrain
 from models.tiny_world.training.config import TrainConfig
 from models.tiny_world.training.prior import TerrainTrainConfig, class_maps, train_terrain
@@ -39,17 +41,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     recipe = TrainConfig()
 
-    palette = json.loads((args.model / "vae" / "config.json").read_text()).get("palette")
-    if not palette:
-        print(f"{args.model}: the autoencoder has no palette; a terrain prior needs one", file=sys.stderr)
+    codebook = FastAEConfig.from_dict(json.loads((args.model / "vae" / "config.json").read_text())).codebook
+    if not codebook:
+        print(
+            f"{args.model}: the autoencoder has no codebook; a terrain prior needs one "
+            "(python -m models.tiny_world.codebook --model DIR)",
+            file=sys.stderr,
+        )
         return 2
     seeds = range(recipe.world_seed_base, recipe.world_seed_base + recipe.episodes)
-    maps = class_maps(seeds, palette, GameConfig())
+    maps = class_maps(seeds, codebook, GameConfig())
     if args.out is not None and args.out.exists():
         print(f"{args.out} exists", file=sys.stderr)
         return 2
     steps = recipe.terrain_steps if args.steps is None else args.steps
-    prior, figures = train_terrain(maps, palette, TerrainTrainConfig(steps=steps), args.seed)
+    prior, figures = train_terrain(maps, codebook, TerrainTrainConfig(steps=steps), args.seed)
     out = args.model
     if args.out is not None:
         shutil.copytree(args.model, args.out)

@@ -2,12 +2,13 @@
 
 Why (issue 11): terrain that scrolls into view cannot be predicted, so the DiT guesses it, and its
 guess for a cell it cannot know is close to the mean of what it has seen there; snapped to the
-palette (`FastAutoencoder.snap_cells`) every guess is a tile of the game, but each one on its
+codebook (`FastAutoencoder.snap_cells`) every guess is a tile of the game, but each one on its
 own: after a walk the world is a mosaic of lakes without shores, scattered wall tiles and stripes
 where a column was copied on (model card, "Terrain from a prior"). The game's terrain has
 structure a few tiles wide: smooth patches, sand around water, straight walls. This prior learns
-it from the game's maps alone, as a classifier over the palette: the tiles of a `window` x
-`window` neighbourhood (each a palette entry or unknown) -> the distribution of the centre tile.
+it from the game's maps alone, as a classifier over the autoencoder's codebook (fit on frames):
+the tiles of a `window` x `window` neighbourhood (each a codebook entry or unknown) -> the
+distribution of the centre tile.
 A session's atlas draws every tile that comes into view for the first time from it
 (`Cartographer.recall`), in two interleaved passes so neighbours in the new row or column see
 each other, and pins it like a remembered tile; the DiT draws the frames around it.
@@ -31,7 +32,7 @@ from torch import nn
 class TerrainPriorConfig:
     """What a terrain prior reads and predicts."""
 
-    classes: int  # palette entries (the autoencoder's `FastAEConfig.palette`, in its order)
+    classes: int  # codebook entries (the autoencoder's `FastAEConfig.codebook`, in its order)
     window: int = 7  # tiles across the neighbourhood it reads (odd; the tile itself at the centre)
     width: int = 128  # hidden units of each of its two layers
 

@@ -1,4 +1,5 @@
-"""The autoencoder stage: the fast autoencoder on single frames, then its latent statistics."""
+"""The autoencoder stage: the fast autoencoder on single frames, then its latent statistics and
+(tile-aligned latents) its codebook."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch import nn
 from tqdm import tqdm
 
 from models.tiny_world import SIZE
+from models.tiny_world.training.codebook import fit_codebook, flat_colours
 from models.tiny_world.training.config import lr_at
 
 
@@ -83,6 +85,7 @@ class AutoencoderStage:
         bar.close()
         ae.eval()
         self.set_latent_stats(frames, offsets, sprites)
+        self.fit_codebook(frames, offsets)
         self.stage, self.step = "dit", 0
         self.checkpoint()
         return True
@@ -104,6 +107,19 @@ class AutoencoderStage:
         centre = torch.from_numpy(np.rint(players).astype(np.int64))
         ring = torch.from_numpy(rings.astype(np.int64))[..., None]
         return torch.cat([centre, ring], dim=-1).reshape(-1, 3)
+
+    def fit_codebook(self, frames: np.ndarray, offsets: torch.Tensor | None, n: int = 4096) -> None:
+        """Tile-aligned latents: fit the autoencoder's codebook (`FastAEConfig.codebook`) on the
+        flat cells of `n` frames (fixed sample), `codebook_size` entries; nothing for plain ones."""
+        if offsets is None or not self.ae.cfg.frame_size:
+            return
+        n = min(n, frames.shape[0])
+        idx = np.random.default_rng(self.cfg.seed + 2).integers(0, frames.shape[0], size=n)
+        colours = flat_colours(self.ae, frames[idx], offsets[idx].numpy())
+        if not len(colours):
+            raise SystemExit(f"the autoencoder calls no cell of {n} training frames flat: no codebook to fit")
+        self.ae.cfg.codebook = fit_codebook(colours, self.cfg.codebook_size, self.cfg.seed)
+        self.log({"codebook": self.ae.cfg.codebook, "flat_cells": len(colours)})
 
     @torch.no_grad()
     def set_latent_stats(

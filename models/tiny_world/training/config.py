@@ -33,6 +33,10 @@ class TrainConfig:
     ae_l2: float = 1e-4  # weight of mean(z^2), pins the latent scale
     ae_tiled: bool = True  # tile-aligned latents (`ae_config(tiled=True)`), phases from the game's camera
     ae_sprite: bool = True  # with ae_tiled: the player and its ring drawn in view coordinates, not in cells
+    # with ae_tiled: entries of the codebook fit on the training frames' flat cells once the
+    # autoencoder is trained (`models.tiny_world.training.codebook`): a hyper-parameter (the game
+    # draws its terrain in 8 shades, which the fit recovers), not a constant read from the game
+    codebook_size: int = 8
     # DiT
     dit_steps: int = 2000  # optimiser steps
     dit_batch: int = 8  # clips per step
@@ -120,8 +124,8 @@ class TrainConfig:
     # from the game's map), so the tokens must hold what the motion under a key depends on.
     sf_motion_aux: float = 0.0
     # The self-forced phases see every movement key released in the steps where a wall blocks it
-    # (`release_blocked`), as a world with a key gate (`models.tiny_world.key_gate`) serves its DiT: a held
-    # key then always moves the player, and a blocked one is an idle frame.
+    # (`release_blocked`, the game's rule on its map: training data), as the motion head serves the DiT
+    # the keys it finds without effect: a held key then always moves the player, a blocked one is idle.
     sf_release_blocked: bool = False
     # The motion head (`models.tiny_world.motion_head`; models/tiny_world/motion.py), trained after the
     # DiT stages on the same episodes' latents, labelled by what the episodes did (0 steps: none).

@@ -35,24 +35,23 @@ class TerrainTrainConfig:
 
 
 def terrain_config(
-    palette: Sequence[Sequence[int]], cfg: TerrainTrainConfig | None = None
+    codebook: Sequence[Sequence[int]], cfg: TerrainTrainConfig | None = None
 ) -> TerrainPriorConfig:
-    """The prior of an autoencoder with `palette` (one class per colour) as `cfg` shapes it."""
+    """The prior of an autoencoder with `codebook` (one class per entry) as `cfg` shapes it."""
     cfg = cfg or TerrainTrainConfig()
-    return TerrainPriorConfig(classes=len(palette), window=cfg.window, width=cfg.width)
+    return TerrainPriorConfig(classes=len(codebook), window=cfg.window, width=cfg.width)
 
 
-def class_maps(seeds: Sequence[int], palette: Sequence[Sequence[int]], config: GameConfig) -> np.ndarray:
-    """(E, T, T) int64: each world's tiles as indices into `palette` (the game draws every tile in
-    one of its colours; a colour outside the palette raises)."""
-    colours = np.asarray(palette, dtype=np.int64)  # (K, 3)
+def class_maps(seeds: Sequence[int], codebook: Sequence[Sequence[int]], config: GameConfig) -> np.ndarray:
+    """(E, T, T) int64: each world's tiles as indices into `codebook`, each tile its colour's
+    nearest entry (the codebook is fit on frames: `models.tiny_world.training.codebook`)."""
+    book = np.asarray(codebook, dtype=np.int64)  # (K, 3)
+    if book.ndim != 2 or book.shape[1] != 3 or not len(book):
+        raise ValueError(f"class maps need a codebook of RGB colours, not {book.tolist()}")
     maps = []
     for seed in seeds:
         rgb = generate_world(seed, config).rgb.astype(np.int64)  # (T, T, 3)
-        match = (rgb[:, :, None, :] == colours).all(-1)  # (T, T, K)
-        if not match.any(-1).all():
-            raise ValueError(f"world {seed} draws a tile in a colour outside the palette")
-        maps.append(match.argmax(-1))
+        maps.append(((rgb[:, :, None, :] - book) ** 2).sum(-1).argmin(-1))
     return np.stack(maps)
 
 
@@ -114,18 +113,18 @@ def evaluate(prior: TerrainPrior, maps: np.ndarray, seed: int, n: int = 8192) ->
 
 def train_terrain(
     maps: np.ndarray,
-    palette: Sequence[Sequence[int]],
+    codebook: Sequence[Sequence[int]],
     cfg: TerrainTrainConfig,
     seed: int = 0,
     log_every: int = 500,
 ) -> tuple[TerrainPrior, dict]:
-    """Train a prior on `maps` (E, T, T) of indices into `palette` (its last `cfg.held_out` maps
+    """Train a prior on `maps` (E, T, T) of indices into `codebook` (its last `cfg.held_out` maps
     held out); returns it and its held-out figures (`evaluate`). Deterministic given `seed`."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     cut = len(maps) - min(cfg.held_out, max(1, len(maps) // 5))  # a fifth at most (tiny runs)
     train, held = maps[:cut], maps[cut:]
-    prior = TerrainPrior(terrain_config(palette, cfg))
+    prior = TerrainPrior(terrain_config(codebook, cfg))
     unknown = prior.cfg.unknown
     opt = torch.optim.AdamW(prior.parameters(), lr=cfg.lr, weight_decay=0.01)
     for step in range(cfg.steps):
@@ -148,14 +147,14 @@ class PriorStage:
 
     def train_terrain(self) -> None:
         """The `terrain` stage: the terrain prior (`models.tiny_world.terrain_prior`) on the training worlds'
-        maps in the autoencoder's palette (`class_maps`). Records its held-out figures in the log."""
+        maps in the autoencoder's codebook classes (`class_maps`). Records its held-out figures in the log."""
         c = self.cfg
         t0 = time.monotonic()
         maps = class_maps(
-            range(c.world_seed_base, c.world_seed_base + c.episodes), self.ae.cfg.palette, GameConfig()
+            range(c.world_seed_base, c.world_seed_base + c.episodes), self.ae.cfg.codebook, GameConfig()
         )
         self.terrain, record = train_terrain(
-            maps, self.ae.cfg.palette, TerrainTrainConfig(steps=c.terrain_steps), seed=c.seed
+            maps, self.ae.cfg.codebook, TerrainTrainConfig(steps=c.terrain_steps), seed=c.seed
         )
         self.log({**record, "seconds": round(time.monotonic() - t0, 1), "t": self.total_elapsed()})
         self.stage, self.step = "done", 0

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from models.causal_wan import CausalWan, CausalWanConfig
 from models.tiny_world import SIZE, ae_config, dit_config, marker_config, world_config
 from models.tiny_world.data import Episodes
-from models.tiny_world.fast_decoder import FastAutoencoder, FastStreamingDecoder
+from models.tiny_world.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
 from models.tiny_world.marker import dit_features, dit_marker
 from models.tiny_world.motion_head import MotionHead
 from models.tiny_world.plugin import served_plugin
@@ -167,6 +167,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         mean, std = state["ae_cfg"]["latents_mean"], state["ae_cfg"]["latents_std"]
         if mean:
             self.ae.set_normalisation(torch.tensor(mean), torch.tensor(std))
+        self.ae.cfg.codebook = FastAEConfig.from_dict(state["ae_cfg"]).codebook
         self.ae_opt.load_state_dict(state["ae_opt"])
         ema = self.ema
         if "dit_cfg" in state:
@@ -195,7 +196,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
             self.motion = MotionHead(motion_config(self.ae))
             self.motion.load_state_dict(state["motion"])
         if "terrain" in state:
-            self.terrain = TerrainPrior(terrain_config(self.ae.cfg.palette))
+            self.terrain = TerrainPrior(terrain_config(self.ae.cfg.codebook))
             self.terrain.load_state_dict(state["terrain"])
         set_rng_state(self.rng, self.gen, state["rng"])
 
@@ -209,6 +210,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         self.ae.set_normalisation(
             torch.tensor(state["ae_cfg"]["latents_mean"]), torch.tensor(state["ae_cfg"]["latents_std"])
         )
+        self.ae.cfg.codebook = FastAEConfig.from_dict(state["ae_cfg"]).codebook
         if (run / "latents.safetensors").is_file():
             shutil.copyfile(run / "latents.safetensors", self.out / "latents.safetensors")
         self.stage, self.step = "dit", 0
@@ -228,6 +230,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         self.ae.load_state_dict(world.decoder.ae.state_dict())
         ae_cfg = world.decoder.ae.cfg
         self.ae.set_normalisation(torch.tensor(ae_cfg.latents_mean), torch.tensor(ae_cfg.latents_std))
+        self.ae.cfg.codebook = ae_cfg.codebook
         if (marker := dit_marker(world.transformer.cfg)) is not None:
             self.ema = with_marker(self.ema, marker).requires_grad_(False)
         self.ema.load_state_dict(world.transformer.state_dict())

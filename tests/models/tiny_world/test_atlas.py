@@ -51,7 +51,8 @@ def test_a_start_frame_keeps_its_flat_tiles_wholly_in_view(world, carto):
     tiles, sy, sx = carto.slots(atlas.origin)
     assert torch.equal(atlas.tags[:, sy, sx][:, keep], tiles[:, keep])
     assert torch.equal(atlas.cells[:, sy, sx][:, keep], z[:k, 0][:, keep])
-    assert atlas.nbytes == (k * 64 * 64) * 4 + 2 * 64 * 64 * 8 + 2 * 8 + 4 * 8 + 8
+    assert atlas.nbytes == (k * 64 * 64) * 4 + 2 * 64 * 64 * 8 + 2 * 8 + 8
+    assert carto.nbytes(4) == atlas.nbytes
 
 
 def test_tiles_shown_before_come_back_where_the_game_draws_them(world, carto):
@@ -96,74 +97,10 @@ def test_a_full_atlas_overwrites_the_slot_and_forgets_the_older_tile(world, cart
         Cartographer(world.decoder.ae, carto.g - 1)
 
 
-@pytest.fixture(scope="module")
-def bounded(world):
-    """The shipped world's cartographer: its sessions learn the world's bounds."""
-    return world.plugin.cartographer
-
-
-def edge_start(first: int = 1_070_000) -> tuple[int, np.ndarray]:
-    """The first held-out world from `first` whose start view lies at the world's left edge (the
-    game's player off the centre to the left) and on no other edge: (seed, start frame)."""
-    seed = first
-    while True:
-        sim = simulate(seed, [])
-        x, y = sim.player_pos[0]
-        if x < 32 and y == 32:
-            return seed, sim.frames[0]
-        seed += 1
-
-
-def test_a_start_at_the_worlds_edge_bounds_that_axis(world, carto, bounded):
-    assert bounded.span == world.plugin.settings.world_tiles * bounded.s - 64 > 0
-    _, frame = edge_start()
-    z = encode(world, frame)
-    atlas = bounded.start(z)
-    view = bounded.view_of(atlas, z)
-    assert atlas.bounds[0].tolist() == [view[0], view[0] + bounded.span]  # the view's left is the edge
-    assert (atlas.bounds[1] == EMPTY).all()  # the player is centred vertically: no edge seen
-    assert bounded.rooms(atlas, z).tolist() == [[0, bounded.span], [-1, -1]]
-    assert (carto.start(z).bounds == EMPTY).all()  # a cartographer without the world's size
-    centred = bounded.start(encode(world, simulate(1_050_000, []).frames[0]))
-    assert (centred.bounds == EMPTY).all()
-    tiles = bounded.slots(atlas.origin)[0]
-    ring = bounded.border(atlas.bounds, tiles)
-    assert torch.equal(
-        ring,
-        (tiles[0] == torch.div(view[0], bounded.s, rounding_mode="floor"))
-        | (tiles[0] == torch.div(view[0] + bounded.span + 64, bounded.s, rounding_mode="floor") - 1),
-    )
-
-
-def test_the_border_is_pinned_as_wall_where_it_was_never_seen(world, bounded):
-    # Views 8-11 px lower: the row entering at the bottom was never shown, not even in part, but
-    # its tile on the world's left edge is the border wall.
-    _, frame = edge_start()
-    z = encode(world, frame)
-    atlas = bounded.start(z)
-    p = bounded.phase(z[:, 0][None])[0]
-    phases = torch.stack([p[0].expand(4), p[1] + torch.arange(8, 12)])
-    values, mask = recall(bounded, atlas, z, phases)
-    s, k = bounded.s, bounded.k
-    col = (int(p[0]) + 2 * s) // s  # the border's column of cells on the canvas
-    walls = torch.tensor(world.plugin.settings.wall_rgb, dtype=torch.float32) / 127.5 - 1  # (shades, 3)
-    ae = world.decoder.ae
-    for j in range(4):
-        y = int(phases[1, j]) + 2 * s
-        bottom = (y + 63) // s  # the cell row the view's last pixel row lies in
-        assert mask[0, j, bottom, col]  # a tile never shown, pinned as the border's wall
-        raw = values[:, j][None] * bounded.std[:k] + bounded.mean[:k]
-        with torch.no_grad():
-            canvas = ae.decoder(raw).clamp(-1, 1)[0]
-        cell = canvas[:, bottom * s : min((bottom + 1) * s, y + 64), col * s : (col + 1) * s]
-        err = (cell[None] - walls[:, :, None, None]).abs().amax(dim=(1, 2, 3))
-        assert float(err.min()) < 0.05, j  # one of the game's wall shades
-
-
 def test_tiles_never_shown_are_drawn_from_the_terrain_prior(world, carto):
     # Views 8-11 px right of the start: the column entering on the right was neither remembered
     # nor begun by the start frame. Without a prior the DiT draws it; with one it is pinned, a
-    # flat tile of the palette, the same on every call.
+    # flat tile of the codebook, the same on every call.
     seed = free_worlds(1, 12, 1_050_000, keys="d")[0]
     z = encode(world, simulate(seed, []).frames[0])
     atlas = carto.start(z)
@@ -178,7 +115,7 @@ def test_tiles_never_shown_are_drawn_from_the_terrain_prior(world, carto):
     assert torch.equal(values, again[0]) and torch.equal(mask, again[1])
     assert torch.equal(mask & left_to_dit, left_to_dit)  # what the atlas knew, it still pins
     s, k, ae = carto.s, carto.k, world.decoder.ae
-    palette = torch.tensor(ae.cfg.palette, dtype=torch.float32) / 127.5 - 1  # (K, 3)
+    book = torch.tensor(ae.cfg.codebook, dtype=torch.float32) / 127.5 - 1  # (K, 3)
     for j in range(4):
         x = int(phases[0, j]) + 2 * s
         right = (x + 63) // s  # the cell column the view's last pixel column lies in
@@ -189,9 +126,9 @@ def test_tiles_never_shown_are_drawn_from_the_terrain_prior(world, carto):
             canvas = ae.decoder(raw).clamp(-1, 1)[0]
         for row in torch.nonzero(new).flatten().tolist():
             cell = canvas[:, row * s : (row + 1) * s, right * s : x + 64]
-            err = (cell[None] - palette[:, :, None, None]).abs().amax(dim=(1, 2, 3))
-            assert float(err.min()) < 0.05, (j, row)  # a flat tile in one of the game's colours
-    with pytest.raises(ValueError, match="palette has 8"):
+            err = (cell[None] - book[:, :, None, None]).abs().amax(dim=(1, 2, 3))
+            assert float(err.min()) < 0.05, (j, row)  # a flat tile in one of the codebook's colours
+    with pytest.raises(ValueError, match="codebook has 8"):
         drawing.set_prior(type(world.plugin.terrain)(replace(world.plugin.terrain.cfg, classes=5)))
 
 

@@ -15,11 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.game import simulate
 from models.registry import from_name, load_world
 from models.tiny_world import WEIGHTS_DIR
-from models.tiny_world.atlas import EMPTY
-from models.tiny_world.metrics import free_worlds, player_centroid
+from models.tiny_world.metrics import free_worlds
 from models.tiny_world.plugin import TinyWorldPlugin, TinyWorldSettings
 from models.world import Conditioning, World
 from runtime.engine import Engine
@@ -164,36 +162,6 @@ def test_a_fork_shares_the_atlas_and_a_reset_starts_a_new_one(mapped, seed):
     assert fresh is not kept and fresh.origin.tolist() == [0, 0]
 
 
-def edge_walk(script: str, first: int = 1_070_000) -> int:
-    """The first held-out world from `first` whose start view lies at the world's left edge and
-    where every frame of `script` (one key a frame) moves the game's player: no wall on the way."""
-    acts = [frozenset(k) for k in script]
-    seed = first
-    while True:
-        sim = simulate(seed, acts)
-        steps = np.abs(np.diff(sim.player_world_pos, axis=0)).sum(axis=1)
-        if sim.player_pos[0][0] < 32 and np.all(steps == 1):
-            return seed
-        seed += 1
-
-
-def test_the_camera_stops_at_the_world_edge_the_session_has_seen(mapped):
-    # From the world's left edge: 32 frames right (the player walks to the centre, then the view
-    # scrolls), 32 down (the border's lower tiles were never shown), 32 left. The game's camera
-    # stops at the edge and the player walks on off the centre; so must the session's.
-    script = "d" * 8 + "s" * 8 + "a" * 8
-    seed = edge_walk("".join(k * 4 for k in script))
-    sim = simulate(seed, [frozenset(k) for k in "".join(k * 4 for k in script)])
-    engine, frames = play(mapped, seed, script)
-    back = np.concatenate(frames[-8:])  # the walk left, frames 65..96
-    model = np.array([player_centroid(f) for f in back])
-    game = sim.player_pos[65:]
-    assert game[-1][0] < 32  # the game's player ends off the centre, at the edge's side
-    assert np.abs(model - game).max() <= 0.5
-    atlas = engine.runner.streams["s"].state.plugin_state.atlas
-    assert (atlas.bounds[0] != EMPTY).all() and (atlas.bounds[1] == EMPTY).all()  # x learned at the start
-
-
 def test_an_atlas_needs_tile_aligned_latents():
     w = small_world()
     with pytest.raises(ValueError, match="tile-aligned"):
@@ -207,6 +175,21 @@ def test_a_model_directory_asking_for_an_atlas_needs_a_motion_head(tmp_path):
     del meta["plugin"]["motion"]
     (model / "worldserve.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="atlas_tiles needs a motion head"):
+        load_world(model)
+
+
+@pytest.mark.parametrize("key, value", [("world_tiles", 40), ("wall_rgb", [[92, 82, 78], [70, 62, 60]])])
+def test_a_model_directory_with_a_removed_game_rule_fails_to_load(tmp_path, key, value):
+    # The game's world size and wall colours once ran at serve time (the camera stopped at the
+    # world's edge, the border's wall was pinned): such a directory must not load and silently
+    # serve without them.
+    model = tmp_path / "model"
+    shutil.copytree(WEIGHTS_DIR, model)
+    meta = json.loads((model / "worldserve.json").read_text())
+    assert key not in meta["plugin"]  # the shipped directory has none
+    meta["plugin"][key] = value
+    (model / "worldserve.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=rf"\['{key}'\] were removed \(hand-written game rules.*delete them"):
         load_world(model)
 
 

@@ -62,9 +62,11 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     assert {k: getattr(cfg, k) for k in second} == second
     assert (cfg.sf3_steps, cfg.sf3_phase_weight) == (250, 2.0) and cfg.dit_stages()[-1] == "sf3"
     assert cfg.sf3_release_blocked and cfg.motion_steps == 4000
-    # The terrain prior (row BN): the `terrain` stage's, on the autoencoder's palette.
+    # The terrain prior (row BN): the `terrain` stage's, on the autoencoder's codebook (fit on
+    # frames by the `ae` stage, as many entries as the recipe asks).
     assert cfg.terrain_steps == 3000 and world.plugin.terrain is not None
-    assert world.plugin.terrain.cfg == terrain_config(world.decoder.ae.cfg.palette)
+    assert len(world.decoder.ae.cfg.codebook) == cfg.codebook_size == 8
+    assert world.plugin.terrain.cfg == terrain_config(world.decoder.ae.cfg.codebook)
     assert world.plugin.cartographer.prior is world.plugin.terrain
     # The motion head reads the latents the DiT makes and plans one chunk's motion.
     assert world.plugin.motion is not None and world.plugin.motion.cfg == motion_config(world.decoder.ae)
@@ -77,7 +79,7 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     # Trained on TRAIN_SCHEDULE, served without its 500 step (model card, experiment BM).
     assert world.config.schedule == world_config().schedule
     assert world.config.schedule.steps == SERVE_STEPS and set(SERVE_STEPS) < set(TRAIN_SCHEDULE.steps)
-    stats = {"latents_mean", "latents_std"}
+    stats = {"latents_mean", "latents_std", "codebook"}  # what the `ae` stage fits after training
     shipped = {k: v for k, v in asdict(world.decoder.ae.cfg).items() if k not in stats}
     assert {k: v for k, v in asdict(trainer.ae.cfg).items() if k not in stats} == shipped
     assert trainer.dit.cfg == world.transformer.cfg

@@ -22,7 +22,7 @@ from models.tiny_world.training.prior import (
     train_terrain,
 )
 
-PALETTE = json.loads((WEIGHTS_DIR / "vae" / "config.json").read_text())["palette"]
+CODEBOOK = json.loads((WEIGHTS_DIR / "vae" / "config.json").read_text())["codebook"]
 
 
 def stripes(n: int, size: int = 12) -> np.ndarray:
@@ -35,7 +35,7 @@ def stripes(n: int, size: int = 12) -> np.ndarray:
 @pytest.fixture(scope="module")
 def striped() -> TerrainPrior:
     prior, figures = train_terrain(
-        stripes(40), PALETTE[:3], TerrainTrainConfig(steps=300, batch=64, lr=3e-3, width=64, held_out=8)
+        stripes(40), CODEBOOK[:3], TerrainTrainConfig(steps=300, batch=64, lr=3e-3, width=64, held_out=8)
     )
     assert figures["accuracy"] > 0.9 and figures["cross_entropy"] < 0.5 * figures["frequency_cross_entropy"]
     return prior
@@ -64,13 +64,21 @@ def test_the_draw_is_a_fixed_spread_hash_of_the_place():
     ) < 0.05
 
 
-def test_class_maps_are_the_games_tiles_in_palette_order():
-    maps = class_maps([0, 1], PALETTE, GameConfig())
-    rgb = np.asarray(PALETTE)[maps]
+def test_class_maps_are_the_games_tiles_in_codebook_order():
+    # The shipped codebook, fit on frames, holds every colour the game's terrain is drawn in.
+    maps = class_maps([0, 1], CODEBOOK, GameConfig())
+    rgb = np.asarray(CODEBOOK)[maps]
     assert np.array_equal(rgb[0], generate_world(0, GameConfig()).rgb)
     assert np.array_equal(rgb[1], generate_world(1, GameConfig()).rgb)
-    with pytest.raises(ValueError, match="outside the palette"):
-        class_maps([0], PALETTE[:6], GameConfig())  # no wall colours
+    # A codebook whose entries are off the game's colours: each tile is its nearest entry.
+    book = (np.asarray(CODEBOOK) + np.array([3, -2, 1])).clip(0, 255)
+    assert np.array_equal(class_maps([0, 1], book.tolist(), GameConfig()), maps)
+    # Fewer entries than the game's colours: the missing ones go to their nearest.
+    light = [c for i, c in enumerate(CODEBOOK) if i % 2]
+    coarse = class_maps([0], light, GameConfig())
+    assert coarse.max() < len(light) and len(np.unique(coarse)) == len(light)
+    with pytest.raises(ValueError, match="codebook of RGB"):
+        class_maps([0], [], GameConfig())
 
 
 def test_a_session_knows_the_side_behind_the_moving_edge():
@@ -127,8 +135,8 @@ def test_the_second_pass_sees_the_first(striped):
 
 def test_training_is_deterministic_given_its_seed():
     cfg = TerrainTrainConfig(steps=20, batch=16, width=16, held_out=2)
-    a, fa = train_terrain(stripes(8), PALETTE[:3], cfg, seed=3)
-    b, fb = train_terrain(stripes(8), PALETTE[:3], cfg, seed=3)
+    a, fa = train_terrain(stripes(8), CODEBOOK[:3], cfg, seed=3)
+    b, fb = train_terrain(stripes(8), CODEBOOK[:3], cfg, seed=3)
     assert fa == fb
     assert all(
         torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)

@@ -171,12 +171,12 @@ def test_config_validation():
         and sprite.sprite_slice == slice(8, 11)
     )
     assert FastAEConfig.from_dict(FastAEConfig(**TILED).to_dict()) == FastAEConfig(**TILED)
-    with pytest.raises(ValueError, match="palette needs tile-aligned"):
-        FastAEConfig(latent_channels=4, palette=[[0, 0, 0]])
+    with pytest.raises(ValueError, match="codebook needs tile-aligned"):
+        FastAEConfig(latent_channels=4, codebook=[[0, 0, 0]])
     with pytest.raises(ValueError, match="RGB triples"):
-        FastAEConfig(**TILED, palette=[[0, 0, 256]])
+        FastAEConfig(**TILED, codebook=[[0, 0, 256]])
     with pytest.raises(ValueError, match="RGB triples"):
-        FastAEConfig(**TILED, palette=[[0, 0]])
+        FastAEConfig(**TILED, codebook=[[0, 0]])
 
 
 @torch.no_grad()
@@ -353,17 +353,17 @@ def test_a_sprited_frame_encodes_its_sprite_and_draws_it_over_the_cells():
 
 
 @torch.no_grad()
-def test_canonical_snaps_flat_cells_to_the_palette_and_keeps_creatures():
-    """The shipped autoencoder (tile-aligned, with the game's palette): a cell the model can only
-    guess, drawn as the mean of the terrain's codes, is not a colour of the game; `canonical`
-    makes it the nearest palette tile. Cells of real terrain decode as before, and a creature,
+def test_canonical_snaps_flat_cells_to_the_codebook_and_keeps_creatures():
+    """The shipped autoencoder (tile-aligned, with a codebook fit on frames): a cell the model can
+    only guess, drawn as the mean of the terrain's codes, is not a colour of the game; `canonical`
+    makes it the nearest codebook tile. Cells of real terrain decode as before, and a creature,
     which no flat tile holds, stays."""
     from models.registry import load_world
     from models.tiny_world import WEIGHTS_DIR
 
     dec = load_world(WEIGHTS_DIR).decoder
     ae, cfg = dec.ae, dec.ae.cfg
-    assert cfg.palette and cfg.sprite
+    assert cfg.codebook and cfg.sprite
     game = Game(GameConfig(size=64))
     red = np.array(GameConfig().palette.creature)
     frames = (game.reset(seed) for seed in range(1_000_000, 1_000_200))
@@ -385,22 +385,22 @@ def test_canonical_snaps_flat_cells_to_the_palette_and_keeps_creatures():
     mean_code = z[:k, 0, 3:9, 3:9].mean(dim=(1, 2))  # the mean of the view's terrain codes
     guessed = z.clone()
     guessed[:k, 0, g] = mean_code[:, None]
-    palette = np.array(cfg.palette)
+    book = np.array(cfg.codebook)
 
     def cells_of(img: np.ndarray) -> np.ndarray:  # (64, 64, 3) view -> (12, 12, 8, 8, 3) canvas cells
         c = np.zeros((96, 96, 3), np.int32)
         c[16 + oy : 80 + oy, 16 + ox : 80 + ox] = img
         return c.reshape(12, 8, 12, 8, 3).transpose(0, 2, 1, 3, 4)
 
-    def off_palette(img: np.ndarray) -> np.ndarray:  # per cell: pixels further than 3 from every colour
+    def off_book(img: np.ndarray) -> np.ndarray:  # per cell: pixels further than 3 from every colour
         px = cells_of(img)[guess].reshape(-1, 1, 3)
-        return (np.abs(px - palette[None]).max(-1).min(-1) > 3).reshape(guess.sum(), -1).mean(-1)
+        return (np.abs(px - book[None]).max(-1).min(-1) > 3).reshape(guess.sum(), -1).mean(-1)
 
     before = dec.decode(guessed, dec.init_cache())[0][-1].numpy()
-    assert off_palette(before).min() > 0.5  # the mean guess is no colour of the game
+    assert off_book(before).min() > 0.5  # the mean guess is no colour of the game
     snapped = ae.canonical(guessed[None])[0]
     after = dec.decode(snapped, dec.init_cache())[0][-1].numpy()
-    assert off_palette(after).max() == 0  # every guessed cell is now one of its tiles
+    assert off_book(after).max() == 0  # every guessed cell is now one of its tiles
     untouched = ~guess & ~has_creature
     view = cells_of(np.ones((64, 64, 3), np.int32))[..., 0].reshape(12, 12, 64).all(-1) & untouched
     orig = dec.decode(z, dec.init_cache())[0][-1].numpy()
@@ -411,7 +411,7 @@ def test_canonical_snaps_flat_cells_to_the_palette_and_keeps_creatures():
         return int(((img[..., 0] > 150) & (img[..., 1] < 100)).sum())
 
     assert reddish(orig) >= 12 and reddish(after) >= 0.8 * reddish(orig)
-    # Without a palette canonical leaves the cells alone.
-    plain = FastAutoencoder(FastAEConfig.from_dict({**cfg.to_dict(), "palette": []}))
+    # Without a codebook canonical leaves the cells alone.
+    plain = FastAutoencoder(FastAEConfig.from_dict({**cfg.to_dict(), "codebook": []}))
     plain.load_state_dict(ae.state_dict())
     torch.testing.assert_close(plain.canonical(guessed[None])[0][:k], guessed[:k])

@@ -21,7 +21,7 @@ TINY = [
     # plain latents and a blurred-history sf stage (L's recipe): small and quick; tests of the
     # tile-aligned recipe (the defaults) pass its flags after these
     "--ae-tiled", "false", "--ae-sprite", "false", "--sf-blur", "0.5", "--sf-sprite-jitter", "0",
-    "--sf2-steps", "0", "--gate-steps", "0", "--terrain-steps", "0",
+    "--sf2-steps", "0", "--motion-steps", "0", "--terrain-steps", "0",
 ]  # fmt: skip
 
 
@@ -139,7 +139,7 @@ def test_an_sf_stage_the_latents_cannot_serve_stops_before_any_training(flags, m
                 "false",
                 "--ae-sprite",
                 "false",
-                "--gate-steps",
+                "--motion-steps",
                 "0",
                 *flags,
             ]
