@@ -2,7 +2,7 @@
 
 A `World` is the same machine for every model: a chunk's actions condition K denoising
 forwards, the clean estimate goes through the decoder's `canonical`, the clean pass writes its
-K/V, the decoder shows it. A world that needs more (the built-in tiny world's key gate, its
+K/V, the decoder shows it. A world that needs more (the built-in tiny world's motion head, its
 sessions' atlases, the latent channels it starts from the last frame; models/tiny_world/plugin.py)
 brings a `WorldPlugin`; the runtime calls its hooks and never names what they do:
 

@@ -36,7 +36,7 @@ def key_blocked(actions: torch.Tensor, cameras: torch.Tensor, players: torch.Ten
 
 def release_blocked(actions: torch.Tensor, cameras: torch.Tensor, players: torch.Tensor) -> torch.Tensor:
     """Action rows (E, N+1, width) with every movement key released in the steps where it is held
-    and blocked (`key_blocked`): what the DiT of a world with a key gate is given."""
+    and blocked (`key_blocked`): what the DiT of a world with a motion head is given."""
     out = actions.clone()
     blocked = key_blocked(actions, cameras, players)
     for k, (key, _, _) in enumerate(KEY_AXES):

@@ -93,10 +93,10 @@ class TrainConfig:
     # A third self-forced phase, `sf3` (0 steps: none): from the sf2 phase's EMA, `sf3_steps` more
     # steps with sf2's settings, except the view's phase channels weighted in the flow loss, so
     # the view follows a held key at the game's speed (model card, AX; AU: weight 4), and the keys
-    # as the key gate serves them (BG).
+    # as the motion head (before it, the key gate) serves them (BG).
     sf3_steps: int = 250
     sf3_phase_weight: float = 2.0  # its sf_phase_weight
-    sf3_release_blocked: bool = True  # its sf_release_blocked (the key gate serves the DiT so; BG)
+    sf3_release_blocked: bool = True  # its sf_release_blocked (the motion head serves the DiT so; BG)
     # From this stage on ("dit", "sf", "sf2" or "sf3"; "": never) the DiT also reads, per latent cell,
     # where the player is relative to that cell (`with_marker`, `MarkerConfig`): its input layer
     # grows two zero-initialised channels there.
