@@ -9,6 +9,7 @@ import json
 import threading
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -67,14 +68,19 @@ class Running:
 
 
 @pytest.fixture(scope="module")
-def front() -> Iterator[FrontEnd]:
+def running() -> Iterator[Running]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         with Running() as running:
-            assert running.front is not None
-            yield running.front
+            yield running
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def front(running: Running) -> FrontEnd:
+    assert running.front is not None
+    return running.front
 
 
 def get(front: FrontEnd, path: str) -> dict:
@@ -310,10 +316,43 @@ def test_a_dead_replicas_session_resumes_elsewhere_from_its_checkpoint(front: Fr
         again = await recv(ws)  # the relay found the session on the other replica
         assert isinstance(again, m.Ready) and again.chunk == 3 and again.session_id == ready.session_id
         got += [await step_frames(ws, i, actions) for i, actions in enumerate(script[3:], start=3)]
-        assert list(front.cluster.replicas) == ["replica-1" if name == "replica-0" else "replica-0"]
         for a, b in zip(plain, got, strict=True):
             assert np.array_equal(a, b)
-        await send(ws, m.Close())
-        await recv_until(ws, m.Closed)
+        # The dead replica comes back under its name, empty, and the next new session goes
+        # there (the failed-over one still lives on the other).
+        deadline = time.monotonic() + 120
+        while name not in front.cluster.replicas:
+            assert time.monotonic() < deadline, "the dead replica was not restarted"
+            await asyncio.sleep(0.2)
+        loads = {x["name"]: x for x in (await asyncio.to_thread(get, front, "/v1/cluster"))["replicas"]}
+        assert sorted(loads) == ["replica-0", "replica-1"] and loads[name]["sessions"] == 0
+        fresh = await dial(front)
+        await send(fresh, m.Open(seed=2, mode="lockstep", codec="raw"))
+        assert (await recv(fresh)).resume_token.split(".")[0] == name
+        assert (await step_frames(fresh, 0, [W])).shape[0] > 0
+        for s in (ws, fresh):
+            await send(s, m.Close())
+            await recv_until(s, m.Closed)
 
     asyncio.run(main())
+
+
+def test_a_replica_that_dies_in_a_loop_is_restarted_a_bounded_number_of_times(
+    running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert running.front is not None
+    cluster = running.front.cluster
+    name = sorted(cluster.replicas)[-1]
+    for _ in range(cluster.spec.restarts):  # as if it had died this often within the window
+        cluster._crashes.setdefault(name, deque()).append(time.monotonic())
+
+    async def kill() -> None:
+        ray.kill(cluster.replicas[name], no_restart=True)
+        await cluster.suspect(name)
+
+    with caplog.at_level("ERROR", logger="web.cluster.control"):
+        running.call(kill())
+    assert name not in cluster.replicas and name not in cluster._restarting
+    assert any("not restarted" in r.getMessage() for r in caplog.records)
+    running.call(cluster.add(name))  # as before, for the tests after this one
+    cluster._crashes.pop(name)
