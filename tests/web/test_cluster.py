@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import urllib.request
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,6 +20,7 @@ from web.hub import ServerConfig
 
 ray = pytest.importorskip("ray")
 
+from tests.web.cluster_harness import Running  # noqa: E402
 from web.cluster.control import Cluster, NoRoom, ReplicaSpec  # noqa: E402  (needs ray)
 from web.cluster.frontend import FrontEnd  # noqa: E402
 
@@ -28,53 +28,12 @@ W = m.FrameAction(keys=("w",))
 D = m.FrameAction(keys=("d",), mouse=(1.0, -2.0))
 
 
-class Running:
-    """The cluster and its front end on their own event loop in a thread."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.front: FrontEnd | None = None
-        self._stop: asyncio.Event | None = None
-        self._started = threading.Event()
-        self._thread = threading.Thread(
-            target=self.loop.run_until_complete, args=(self._main(),), daemon=True
-        )
-
-    async def _main(self) -> None:
-        self._stop = asyncio.Event()
-        config = ServerConfig(port=0, max_sessions=8)
-        spec = ReplicaSpec(models=("tiny-world",), config=config, cpus=0.5)
-        cluster = await Cluster.start(2, spec, b"k" * 32)
-        cluster.start_checkpoints(0.2)
-        self.front = FrontEnd(cluster, config)
-        await self.front.start()
-        self._started.set()
-        await self._stop.wait()
-        await self.front.stop()
-        await cluster.stop()
-
-    def call(self, coro: object) -> object:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)  # type: ignore[arg-type]
-
-    def __enter__(self) -> Running:
-        self._thread.start()
-        assert self._started.wait(300), "cluster did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._stop is not None
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(120)
-
-
 @pytest.fixture(scope="module")
-def running() -> Iterator[Running]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        with Running() as running:
-            yield running
-    finally:
-        ray.shutdown()
+def running(ray_local: None) -> Iterator[Running]:
+    config = ServerConfig(port=0, max_sessions=8)
+    spec = ReplicaSpec(models=("tiny-world",), config=config, cpus=0.5)
+    with Running(2, spec, config) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -356,3 +315,29 @@ def test_a_replica_that_dies_in_a_loop_is_restarted_a_bounded_number_of_times(
     assert any("not restarted" in r.getMessage() for r in caplog.records)
     running.call(cluster.add(name))  # as before, for the tests after this one
     cluster._crashes.pop(name)
+
+
+def test_thirty_two_sessions_spread_over_the_replicas_and_each_steps(cluster_front: Running) -> None:
+    """The issue's load: 32 sessions opened at once through one front end on two replicas (16
+    sessions each) are spread over both, and every one steps."""
+    front = cluster_front.front
+    assert front is not None
+    names = sorted(front.cluster.replicas)
+
+    async def one(seed: int) -> tuple[str, np.ndarray]:
+        ws = await dial(front)
+        await send(ws, m.Open(seed=seed, mode="lockstep", codec="raw"))
+        ready = await recv(ws)
+        assert isinstance(ready, m.Ready), ready
+        frames = await step_frames(ws, 0, [W])
+        await send(ws, m.Close())
+        await recv_until(ws, m.Closed)
+        return ready.resume_token.split(".")[0], frames
+
+    async def main() -> list[tuple[str, np.ndarray]]:
+        return await asyncio.gather(*(one(seed) for seed in range(32)))
+
+    got = asyncio.run(main())
+    per = Counter(name for name, _ in got)
+    assert sorted(per) == names and min(per.values()) >= 8, per
+    assert all(frames.shape == (3, 32, 32, 3) for _, frames in got)

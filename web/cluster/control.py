@@ -18,6 +18,7 @@ import functools
 import logging
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -57,6 +58,9 @@ class ReplicaSpec:
     gpus: float = 0.0  # Ray resources each replica asks for
     cpus: float = 1.0
     host: str | None = "127.0.0.1"  # where replicas listen (None: their node's address)
+    loader: Callable[[], dict[str, Any]] | None = None  # builds each replica's worlds instead of
+    # the registry (``models`` is then ignored); importable by name in the replica's process
+    namespace: str = NAMESPACE  # of the replicas' Ray names: one per cluster on a Ray cluster
     restarts: int = 3  # a dead replica is started again at most this often ...
     restart_window_s: float = 600.0  # ... within this many seconds (then it stays down)
 
@@ -143,7 +147,7 @@ class Cluster:
             self._next += 1
         handle = (
             _actor()
-            .options(name=name, namespace=NAMESPACE, num_gpus=spec.gpus, num_cpus=spec.cpus)
+            .options(name=name, namespace=spec.namespace, num_gpus=spec.gpus, num_cpus=spec.cpus)
             .remote(
                 name,
                 list(spec.models),
@@ -153,6 +157,7 @@ class Cluster:
                 spec.dtype,
                 spec.threads,
                 spec.host,
+                spec.loader,
             )
         )
         try:

@@ -13,7 +13,9 @@ Runs as an async Ray actor: the server lives on the actor's event loop.
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from prometheus_client import generate_latest
 
@@ -53,9 +55,11 @@ class Replica:
         dtype: str = "float32",
         threads: int = 1,
         host: str | None = "127.0.0.1",
+        loader: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         """``host``: where the replica listens for its front end (loopback: a one-machine
-        cluster, where nothing else should reach it; None: this node's address)."""
+        cluster, where nothing else should reach it; None: this node's address). ``loader``:
+        builds the worlds instead of the registry (``models``, ``device`` and ``dtype`` unused)."""
         self.name = name
         self.host = host
         self.models = models
@@ -64,6 +68,7 @@ class Replica:
         self.device = device
         self.dtype = dtype
         self.threads = threads
+        self.loader = loader
         self.server: Server | None = None
         self.draining = False  # placed no new session once a drain began
 
@@ -73,7 +78,10 @@ class Replica:
 
         torch.set_num_threads(self.threads)
         loop = asyncio.get_running_loop()
-        worlds = await loop.run_in_executor(None, load_worlds, self.models, self.device, self.dtype)
+        if self.loader is not None:
+            worlds = await loop.run_in_executor(None, self.loader)
+        else:
+            worlds = await loop.run_in_executor(None, load_worlds, self.models, self.device, self.dtype)
         # Every client of a replica is the front end: one address, no origin, so no per-address
         # cap; and the replica listens where the front end can reach it.
         config = replace(
