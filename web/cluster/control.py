@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -115,6 +115,7 @@ class Cluster:
         self.vault_bytes = vault_bytes
         self._failing: dict[str, asyncio.Task[None]] = {}  # replica -> its failover
         self._restarting: dict[str, asyncio.Task[None]] = {}  # replica -> its restart
+        self._background: set[asyncio.Task[None]] = set()  # kept: the loop holds weak refs
         self._crashes: dict[str, deque[float]] = {}  # replica -> when it was restarted (bounded)
         self._checkpointer: asyncio.Task[None] | None = None
 
@@ -445,12 +446,29 @@ class Cluster:
 
     async def _take_over(self, target: str, batch: dict[str, bytes]) -> list[str]:
         """`Replica.take_over` on ``target``; a replica that fails takes none (the caller keeps
-        or drops them) instead of leaving a drain half done."""
+        or drops them) instead of leaving a drain half done. The control owns the outcome: when
+        the call fails or times out, sessions it may have restored meanwhile are discarded
+        there (`Replica.discard`), so none lives on two replicas; a target that does not answer
+        that either is stopped (its sessions fail over, and it restarts)."""
         try:
             return await asyncio.wait_for(self.replicas[target].take_over.remote(batch), START_TIMEOUT_S)
         except Exception as exc:
             log.error("= replica %s took none of %d sessions: %s", target, len(batch), exc)
-            return []
+        try:
+            await self._call(target, "discard", list(batch))
+        except ray.exceptions.RayActorError:  # dead: what it restored died with it
+            self._later(self.suspect(target))
+        except Exception as exc:
+            log.error("= replica %s did not discard a failed move (%s): stopping it", target, exc)
+            ray.kill(self.replicas[target], no_restart=True)
+            self._later(self.suspect(target))
+        return []
+
+    def _later(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background (not awaited: a failover must not wait on another)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def metrics(self) -> dict[str, bytes]:
         """Every answering replica's Prometheus text by name."""

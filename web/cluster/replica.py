@@ -13,6 +13,7 @@ Runs as an async Ray actor: the server lives on the actor's event loop.
 import asyncio
 import logging
 import socket
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from runtime.metrics import REGISTRY
+from sessions.session import SessionStatus
 from web.app import load_worlds
 from web.cluster.tokens import TokenSigner
 from web.hub import ServerConfig
@@ -29,6 +31,7 @@ __all__ = ["Replica", "ReplicaLoad"]
 
 log = logging.getLogger(__name__)
 
+MAX_DISOWNED = 4096  # ids of given-up moves remembered (one drain's sessions fit many times)
 ReplicaLoad = dict[str, object]  # what `Replica.load` answers (plain data: it crosses Ray)
 
 
@@ -71,6 +74,9 @@ class Replica:
         self.loader = loader
         self.server: Server | None = None
         self.draining = False  # placed no new session once a drain began
+        # Sessions the control gave up moving here (`discard`): a take_over still on its way
+        # to one drops it. The oldest ids are forgotten past MAX_DISOWNED.
+        self._disowned: OrderedDict[str, None] = OrderedDict()
 
     async def start(self) -> str:
         """Load the worlds and start serving; returns the replica's websocket URL."""
@@ -131,16 +137,38 @@ class Replica:
 
     async def take_over(self, sessions: dict[str, bytes]) -> list[str]:
         """Restore sessions another replica handed over (same ids and tokens); returns the ids
-        restored (a refused one is logged and left to its old replica)."""
+        restored (a refused one is logged and left to its old replica; one `discard`ed meanwhile
+        is closed again and not in the answer)."""
         manager = self._server().manager
         taken: list[str] = []
         for sid, data in sessions.items():
+            if sid in self._disowned:
+                continue
             try:
-                await manager.take_over(sid, data)
-                taken.append(sid)
+                session = await manager.take_over(sid, data)
             except Exception as exc:  # one refusal must not lose the others
                 log.warning("= session %s not taken over by %s: %s", sid, self.name, exc)
+                continue
+            if sid in self._disowned:  # discarded while it was being restored
+                session.finish(SessionStatus.SHUTDOWN)
+                continue
+            taken.append(sid)
         return taken
+
+    async def discard(self, session_ids: list[str]) -> None:
+        """The control gave up moving these sessions here (its `take_over` call failed or timed
+        out) and they go on where they were: close any restored here, and make a `take_over`
+        still running drop the rest, so no session lives on two replicas."""
+        for sid in session_ids:
+            self._disowned[sid] = None
+            self._disowned.move_to_end(sid)
+        while len(self._disowned) > MAX_DISOWNED:
+            self._disowned.popitem(last=False)
+        wanted = set(session_ids)
+        for s in self._server().manager.sessions():
+            if s.id in wanted and not s.status.is_finished:
+                log.warning("= session %s discarded by %s (its move was given up)", s.id, self.name)
+                s.finish(SessionStatus.SHUTDOWN)
 
     async def let_go(self, session_ids: list[str]) -> None:
         """The sessions live elsewhere now (`Server.let_go`)."""
