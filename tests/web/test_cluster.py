@@ -341,3 +341,52 @@ def test_thirty_two_sessions_spread_over_the_replicas_and_each_steps(cluster_fro
     per = Counter(name for name, _ in got)
     assert sorted(per) == names and min(per.values()) >= 8, per
     assert all(frames.shape == (3, 32, 32, 3) for _, frames in got)
+
+
+def test_a_fork_its_replica_has_no_room_for_is_made_on_another_with_the_same_frames(
+    front: FrontEnd,
+) -> None:
+    script = [[W], [D], [W, D, W, D], [D], [W]]
+
+    async def fork_frames(ws, seq: int) -> tuple[str, list[np.ndarray]]:
+        await send(ws, m.Fork(seq=seq))
+        forked = (await recv_until(ws, m.Forked))[-1]
+        copy = await dial(front, f"?resume={forked.resume_token}&codec=raw")
+        ready = await recv(copy)
+        assert isinstance(ready, m.Ready) and ready.chunk == 2 and ready.session_id == forked.session_id
+        frames = [await step_frames(copy, i, a) for i, a in enumerate(script[2:], start=2)]
+        await send(copy, m.Close())
+        await recv_until(copy, m.Closed)
+        return forked.resume_token.split(".")[0], frames
+
+    async def load(name: str) -> dict:
+        loads = (await asyncio.to_thread(get, front, "/v1/cluster"))["replicas"]
+        return next(x for x in loads if x["name"] == name)
+
+    async def main() -> None:
+        ws = await dial(front)
+        await send(ws, m.Open(seed=7, mode="lockstep", codec="raw"))
+        home = (await recv(ws)).resume_token.split(".")[0]
+        for i, actions in enumerate(script[:2]):
+            await step_frames(ws, i, actions)
+        where, same = await fork_frames(ws, 10)  # room at home: a fork there
+        assert where == home
+        others: dict[str, list] = {}
+        while (await load(home))["sessions"] < 8:  # fill its replica (the others fill too)
+            filler = await dial(front)
+            await send(filler, m.Open(seed=1, mode="lockstep", codec="raw"))
+            others.setdefault((await recv(filler)).resume_token.split(".")[0], []).append(filler)
+        other = "replica-1" if home == "replica-0" else "replica-0"
+        if (await load(other))["sessions"] >= 8:  # make room for the fork there
+            await send(others[other].pop(), m.Close())
+            while (await load(other))["sessions"] >= 8:
+                await asyncio.sleep(0.05)
+        where, moved = await fork_frames(ws, 11)  # no room at home: state copied to the other
+        assert where == other
+        for a, b in zip(same, moved, strict=True):
+            assert np.array_equal(a, b)
+        for s in (ws, *(f for fs in others.values() for f in fs)):
+            await send(s, m.Close())
+            await recv_until(s, m.Closed)
+
+    asyncio.run(main())

@@ -159,6 +159,7 @@ class Cluster:
                 spec.threads,
                 spec.host,
                 spec.loader,
+                spec.namespace,
             )
         )
         try:
