@@ -127,7 +127,7 @@ def serving_in_thread(worlds: dict[str, World], **config: Any) -> Iterator[Serve
 
 # What the cluster variant of `v1` runs with beyond ServerConfig's defaults: a test that asks
 # `v1` for another setting cannot have a cluster variant.
-CLUSTER_CONFIG: dict[str, Any] = {"debug_hooks": True}
+CLUSTER_CONFIG: dict[str, Any] = {"debug_hooks": True, "retention": 2}
 
 
 @pytest.fixture(scope="package")

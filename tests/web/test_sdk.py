@@ -258,13 +258,13 @@ def test_sync_realtime_generate_and_errors(worlds) -> None:
         assert info.value.code is ErrorCode.NOT_FOUND
 
 
-def test_rewind_in_both_sdks(worlds) -> None:
+def test_rewind_in_the_async_sdk(v1) -> None:
     """`rewind(n)`: the ready naming n with its last frame, then the same steps give the same
     frames under the same numbers; a step still waiting raises StepCancelled; past the retention
     `not_retained` and the session goes on."""
 
     async def main():
-        async with serving(worlds, retention=2, debug_hooks=True) as server:
+        async with v1(retention=2, debug_hooks=True) as server:
             async with connect(server.url, seed=4, mode="lockstep", codec="raw") as s:
                 first = [await s.step({"keys": [k]}) for k in "wdas"]
                 back = await s.rewind(2)
@@ -283,6 +283,9 @@ def test_rewind_in_both_sdks(worlds) -> None:
                     await step
 
     run(main())
+
+
+def test_rewind_in_the_sync_sdk(worlds) -> None:
     with serving_in_thread(worlds, retention=1) as server, Client(server.url, seed=4) as world:
         a = world.step({"keys": ["w"]})
         world.step({"keys": ["d"]})
