@@ -156,7 +156,8 @@ def cluster_front(ray_local: None) -> Iterator[Any]:
     from tests.web.cluster_harness import Running
     from web.cluster.control import ReplicaSpec
 
-    replica = ServerConfig(port=0, default_model="tiny", **CLUSTER_CONFIG)
+    # room for the 32-session test's opens at once beside what other tests leave detached
+    replica = ServerConfig(port=0, default_model="tiny", max_sessions=24, **CLUSTER_CONFIG)
     front = ServerConfig(port=0, max_connections=256, max_connections_per_address=0)
     spec = ReplicaSpec(models=(), config=replica, cpus=0.5, loader=make_worlds, namespace="worldserve-v1")
     with Running(2, spec, front, checkpoint_s=1.0) as running:

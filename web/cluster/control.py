@@ -222,13 +222,17 @@ class Cluster:
             if not loads:
                 raise RuntimeError("no replica answers")
 
-            def score(load: ReplicaLoad) -> tuple[bool, int, int]:
+            def score(load: ReplicaLoad) -> tuple[bool, bool, int, int]:
                 name = str(load["name"])
                 pending = self._pending[name]
-                usable = not load["draining"] and not load["dead"]
-                usable = usable and int(load["sessions"]) + pending < int(load["max_sessions"])  # type: ignore[call-overload]
+                serving = not load["draining"] and not load["dead"]
+                sessions, cap = int(load["sessions"]), int(load["max_sessions"])  # type: ignore[call-overload]
+                # A placed session may be in the figures before its `ready` settles it: when the
+                # pending ones fill every replica, one with room by its own count comes first.
+                usable = serving and sessions + pending < cap
+                room = serving and sessions < cap
                 free = int(load["free_bytes"]) - pending * int(load["session_bytes"])  # type: ignore[call-overload]
-                return usable, free, -(int(load["sessions"]) + pending)  # type: ignore[call-overload]
+                return usable, room, free, -(sessions + pending)
 
             name = str(max(loads, key=score)["name"])
             self._pending[name] += 1

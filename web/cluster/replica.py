@@ -11,6 +11,7 @@ Runs as an async Ray actor: the server lives on the actor's event loop.
 """
 
 import asyncio
+import contextlib
 import logging
 import socket
 import uuid
@@ -238,7 +239,11 @@ class Replica:
         def find() -> dict[str, Any]:
             named = ray.util.list_named_actors(all_namespaces=True)
             names = [a["name"] for a in named if a["namespace"] == self.namespace and a["name"] != self.name]
-            return {n: ray.get_actor(n, namespace=self.namespace) for n in names}
+            peers = {}
+            for n in names:
+                with contextlib.suppress(ValueError):  # gone since the listing
+                    peers[n] = ray.get_actor(n, namespace=self.namespace)
+            return peers
 
         return await asyncio.get_running_loop().run_in_executor(None, find)
 
