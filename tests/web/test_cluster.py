@@ -392,3 +392,21 @@ def test_a_fork_its_replica_has_no_room_for_is_made_on_another_with_the_same_fra
             await recv_until(s, m.Closed)
 
     asyncio.run(main())
+
+
+def test_placement_goes_where_there_is_room_when_pending_placements_fill_every_replica() -> None:
+    """A session placed on replica-1 is in its figures before its `ready` settled it: counted
+    twice, replica-1 looks full, yet it is the only one with room."""
+    cluster = Cluster(ReplicaSpec(models=(), config=ServerConfig()), b"k" * 32)
+    figures = {"max_sessions": 16, "session_bytes": 100, "used_bytes": 0, "draining": False, "dead": False}
+    loads = [
+        {**figures, "name": "replica-0", "sessions": 16, "free_bytes": 900},
+        {**figures, "name": "replica-1", "sessions": 15, "free_bytes": 500},
+    ]
+
+    async def answered() -> list[dict]:
+        return loads
+
+    cluster.loads = answered  # type: ignore[method-assign]
+    cluster._pending["replica-1"] = 1
+    assert asyncio.run(cluster.place()) == "replica-1"
