@@ -315,10 +315,17 @@ class SessionManager:
         return await self._restore(uuid.uuid4().hex, data, mode, max_ahead, None)
 
     async def _restore(
-        self, session_id: str, data: bytes, mode: Mode | None, max_ahead: int | None, token: str | None
+        self,
+        session_id: str,
+        data: bytes,
+        mode: Mode | None,
+        max_ahead: int | None,
+        token: str | None,
+        owes: bool | None = None,
     ) -> Session:
         """The stream from `data` under `session_id`, then its session. `token`: the saved token
-        hash to keep (a restart); None: a new token (a save game)."""
+        hash to keep (a restart); None: a new token (a save game). `owes`: whether it re-sends
+        the unacked chunks in `data` (default: when it keeps its token)."""
         while True:
             try:
                 info, rec, arrays = await self._engine_call(
@@ -349,7 +356,7 @@ class SessionManager:
         if token:
             session.token_hash = token
         session.on_finished = self._forget
-        session.adopt(rec, arrays, info, keep_unacked=token is not None)
+        session.adopt(rec, arrays, info, keep_unacked=token is not None if owes is None else owes)
         self._sessions[session.id] = session
         self._by_token[session.token_hash] = session
         self._ensure_sweeper()
@@ -443,14 +450,26 @@ class SessionManager:
             session.unhold()
             raise
 
-    async def take_over(self, session_id: str, data: bytes) -> Session:
+    async def take_over(self, session_id: str, data: bytes, fork: bool = False) -> Session:
         """A session `hand_over` moved here: same id and resume token, detached until its client
-        resumes (with retained chunks re-sent). `InvalidInput` / `SessionBusy` as `restore`."""
+        resumes (with retained chunks re-sent). ``fork``: a `copy_out` of another server's
+        session, which owes no chunk (as a fork made here). `InvalidInput` / `SessionBusy` as
+        `restore`."""
         if session_id in self._sessions:
             raise InvalidInput(f"data: session {session_id} already lives here", field="data")
         if len(self._sessions) >= self.max_sessions and not self._evict_detached():
             raise SessionBusy(f"server is full ({self.max_sessions} sessions); retry later")
-        return await self._restore(session_id, data, None, None, _saved_token(data))
+        return await self._restore(session_id, data, None, None, _saved_token(data), owes=not fork)
+
+    async def copy_out(self, session: Session, token: str) -> bytes:
+        """`session`'s committed world as snapshot bytes for a fork on another server, answering
+        to resume token ``token`` there (`take_over` with ``fork``); the session goes on."""
+        await session.hold()
+        try:
+            session._check_live()
+            return await self._snapshot_held(session, token_hash(token))
+        finally:
+            session.unhold()
 
     async def checkpoint(self, session: Session) -> tuple[bytes, int]:
         """A snapshot of `session` to bring it back elsewhere if this server dies (a cluster's

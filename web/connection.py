@@ -35,7 +35,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
 from models.world import ModelSpec
-from sessions.errors import SessionError
+from sessions.errors import SessionBusy, SessionError
 from sessions.events import ClosedEvent, ErrorEvent, ReadyEvent, SessionEvent
 from sessions.session import Session, SessionStatus
 from web import codec, convert, metrics
@@ -536,10 +536,21 @@ class Connection:
                 "close some or let them expire",
                 seq=msg.seq,
             )
-        copy = await self.manager.fork(session)
+        codec = self.hub.codec_of(session) or "jpeg"
+        try:
+            copy = await self.manager.fork(session)
+        except SessionBusy:
+            if self.hub.fork_elsewhere is None:
+                raise
+            # no room here: the copy is made on another server (its live-session count is
+            # that server's; the fork still counts against this connection's forks)
+            copy_id, token = await self.hub.fork_elsewhere(session, codec)
+            self.forks += 1
+            self.pipeline.put(m.Forked(seq=msg.seq, session_id=copy_id, resume_token=token))
+            return
         self.forks += 1
         self.created.append(copy)
-        self.hub.remember_codec(copy, self.hub.codec_of(session) or "jpeg")
+        self.hub.remember_codec(copy, codec)
         self.pipeline.put(m.Forked(seq=msg.seq, session_id=copy.id, resume_token=copy.resume_token))
 
     async def _ack(self, msg: m.Ack) -> None:

@@ -3,6 +3,7 @@ connection each session is attached to."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,10 @@ class Owner(Protocol):
         """The session was attached to another connection: let go of it and close."""
 
 
+# (source session, its codec) -> the copy's (session id, resume token), made on another server
+ForkElsewhere = Callable[["Session", str], Awaitable[tuple[str, str]]]
+
+
 @dataclass
 class Hub:
     """Shared state of one server's connections (event loop only)."""
@@ -93,6 +98,9 @@ class Hub:
     manager: SessionManager
     config: ServerConfig
     pool: Executor  # encode pool
+    # makes a fork this server has no room for on another (a cluster replica's peers); raises
+    # SessionBusy when none can take it
+    fork_elsewhere: ForkElsewhere | None = None
     _owners: WeakKeyDictionary[Session, Owner] = field(default_factory=WeakKeyDictionary)
     _codecs: WeakKeyDictionary[Session, Codec] = field(default_factory=WeakKeyDictionary)
 

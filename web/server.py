@@ -21,13 +21,14 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from models.world import World
 from sessions.manager import SessionManager
-from sessions.session import SessionStatus
+from sessions.session import Session, SessionStatus
 from sessions.store import StateStore
+from web import messages as m
 from web import metrics
 from web.admission import Admission, is_loopback
 from web.app import Runtime
 from web.connection import Connection
-from web.hub import Hub, ServerConfig
+from web.hub import ForkElsewhere, Hub, ServerConfig
 from web.routes import SESSION_PATH, Routes
 
 __all__ = ["Server", "ServerConfig", "exposure_warning"]
@@ -76,10 +77,14 @@ class Server(Listening):
         worlds: Mapping[str, World],
         config: ServerConfig | None = None,
         new_token: Callable[[], str] | None = None,
+        fork_elsewhere: ForkElsewhere | None = None,
     ) -> None:
-        """``new_token``: makes resume tokens (None: random; a cluster replica signs its own)."""
+        """``new_token``: makes resume tokens (None: random; a cluster replica signs its own).
+        ``fork_elsewhere``: makes a fork this server has no room for on another (a cluster
+        replica's peers; `Hub.fork_elsewhere`)."""
         self.worlds = worlds
         self.new_token = new_token
+        self.fork_elsewhere = fork_elsewhere
         self.config = config or ServerConfig()
         self.runtime: Runtime | None = None
         self._hub: Hub | None = None
@@ -125,7 +130,7 @@ class Server(Listening):
         if cfg.state_dir is not None:
             await manager.restore_saved(StateStore(cfg.state_dir))
         self._pool = ThreadPoolExecutor(cfg.encode_threads, thread_name_prefix="worldserve-encode")
-        self._hub = Hub(manager, cfg, self._pool)
+        self._hub = Hub(manager, cfg, self._pool, fork_elsewhere=self.fork_elsewhere)
         metrics.SESSIONS.set_function(lambda: len(manager))
         for where in ("device", "host", "disk"):
             metrics.SESSIONS_WHERE.labels(where).set_function(lambda w=where: manager.residence()[w][0])
@@ -219,6 +224,12 @@ class Server(Listening):
         for s in self.manager.sessions():
             if s.id in wanted:
                 s.finish(SessionStatus.SHUTDOWN)  # detached now: nobody gets this `closed`
+
+    def remember_codec(self, session: Session, codec: m.Codec) -> None:
+        """The codec a session not attached yet (a fork restored from another replica) is
+        attached with when its client names none."""
+        if self._hub is not None:
+            self._hub.remember_codec(session, codec)
 
     def keep(self, session_ids: list[str]) -> None:
         """The move of these sessions failed: they go on here."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import os
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +21,7 @@ from models.world import World
 from tests.runtime.conftest import small_world
 from web import codec
 from web import messages as m
-from web.server import Server, ServerConfig
+from web.server import Listening, Server, ServerConfig
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -69,13 +72,18 @@ def smooth(frames: torch.Tensor) -> torch.Tensor:
     return out.round().clamp(0, 255).to(torch.uint8)
 
 
-@pytest.fixture(scope="session")
-def worlds() -> dict[str, World]:
+def make_worlds() -> dict[str, World]:
+    """The small test worlds by name (a cluster's replicas build theirs with this too)."""
     return {
         "tiny": small_world(),
         "tiny-image": small_world(image_start=True, name="tiny-image"),
         "smooth": smooth_world(),
     }
+
+
+@pytest.fixture(scope="session")
+def worlds() -> dict[str, World]:
+    return make_worlds()
 
 
 def run(coro: Any) -> Any:
@@ -117,7 +125,65 @@ def serving_in_thread(worlds: dict[str, World], **config: Any) -> Iterator[Serve
         loop.close()
 
 
-async def dial(server: Server, query: str = "") -> ClientConnection:
+# What the cluster variant of `v1` runs with beyond ServerConfig's defaults: a test that asks
+# `v1` for another setting cannot have a cluster variant.
+CLUSTER_CONFIG: dict[str, Any] = {"debug_hooks": True, "retention": 2}
+
+
+@pytest.fixture(scope="package")
+def ray_local() -> Iterator[None]:
+    """A local Ray instance for the package's cluster tests (skipped without the extra)."""
+    ray = pytest.importorskip("ray")
+    # The replicas import the repository's modules (tests' world loader included) by name.
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}},
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="package")
+def cluster_front(ray_local: None) -> Iterator[Any]:
+    """Two CPU replicas of the small test worlds behind a front end, shared by the package's
+    `v1[cluster]` tests (a `tests.web.cluster_harness.Running`)."""
+    from tests.web.cluster_harness import Running
+    from web.cluster.control import ReplicaSpec
+
+    # room for the 32-session test's opens at once beside what other tests leave detached
+    replica = ServerConfig(port=0, default_model="tiny", max_sessions=24, **CLUSTER_CONFIG)
+    front = ServerConfig(port=0, max_connections=256, max_connections_per_address=0)
+    spec = ReplicaSpec(models=(), config=replica, cpus=0.5, loader=make_worlds, namespace="worldserve-v1")
+    with Running(2, spec, front, checkpoint_s=1.0) as running:
+        yield running
+
+
+@pytest.fixture(params=["single", "cluster"])
+def v1(request: pytest.FixtureRequest, worlds: dict[str, World]) -> Callable[..., Any]:
+    """Where a protocol-level test's client connects: ``async with v1(**config) as server`` (use
+    only ``server.url`` / ``server.ws_url``). "single": a server of its own (`serving`);
+    "cluster": the package's cluster front end (`cluster_front`), which a v1 client must not tell
+    from a single server (docs/PROTOCOL.md); its config is CLUSTER_CONFIG."""
+    if request.param == "single":
+        return functools.partial(serving, worlds)
+    running = request.getfixturevalue("cluster_front")
+
+    @contextlib.asynccontextmanager
+    async def front(**config: Any) -> AsyncIterator[Any]:
+        differs = {k: v for k, v in config.items() if CLUSTER_CONFIG.get(k) != v}
+        assert not differs, f"the cluster variant runs with {CLUSTER_CONFIG}, not {differs}"
+        yield running.front
+
+    return front
+
+
+async def dial(server: Listening, query: str = "") -> ClientConnection:
     """A raw protocol client (no SDK)."""
     return await ws_connect(server.ws_url + query, proxy=None, compression=None, max_size=None)
 

@@ -57,9 +57,9 @@ async def still_steps(ws, seq: int = 100) -> None:
     assert isinstance(msg, m.Frames) and msg.action_seq == seq, msg
 
 
-def test_malformed_messages_are_not_fatal(worlds) -> None:
+def test_malformed_messages_are_not_fatal(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             ws, _ = await opened(server)
             await ws.send("a text frame")
             await expect_error(ws, ErrorCode.BAD_MESSAGE)
@@ -77,9 +77,9 @@ def test_malformed_messages_are_not_fatal(worlds) -> None:
     run(main())
 
 
-def test_session_level_invalid_fields_name_the_field(worlds) -> None:
+def test_session_level_invalid_fields_name_the_field(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             ws, _ = await opened(server)
             await send(ws, m.Step(seq=1, actions=[m.FrameAction(keys=("jump",))]))
             assert (await expect_error(ws, ErrorCode.INVALID_FIELD, seq=1)).message.startswith("keys: ")
@@ -156,9 +156,9 @@ def test_busy_when_full(worlds) -> None:
     run(main())
 
 
-def test_not_found(worlds) -> None:
+def test_not_found(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             ws = await dial(server)
             await send(ws, m.Open(model="nope"))
             await expect_error(ws, ErrorCode.NOT_FOUND, fatal=True)
@@ -174,9 +174,9 @@ def test_not_found(worlds) -> None:
     run(main())
 
 
-def test_closed_sessions_tokens_are_dead(worlds) -> None:
+def test_closed_sessions_tokens_are_dead(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             ws, ready = await opened(server)
             await send(ws, m.Close())
             await expect_close(ws, 1000)
@@ -204,9 +204,9 @@ def test_token_is_enforced(worlds) -> None:
     run(main())
 
 
-def test_internal_error_from_a_failing_chunk_leaves_the_session_usable(worlds) -> None:
+def test_internal_error_from_a_failing_chunk_leaves_the_session_usable(v1) -> None:
     async def main():
-        async with serving(worlds, debug_hooks=True) as server:
+        async with v1(debug_hooks=True) as server:
             ws, _ = await opened(server, debug=m.DebugHooks(fail_at_chunk=2))
             await still_steps(ws, 1)
             await send(ws, m.Step(seq=2, actions=[W] * 4))
@@ -291,9 +291,9 @@ async def ping_answered(ws) -> list[m.ServerMessage]:
     raise AssertionError("no pong")
 
 
-def test_costly_messages_are_refused_early_and_leave_others_alone(worlds) -> None:
+def test_costly_messages_are_refused_early_and_leave_others_alone(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             other, _ = await opened(server)
             ws = await dial(server)
             nested = msgpack.packb({"type": "ping", "t": 1.0, "x": [[[]] * 10_000] * 100})  # 1 MB
@@ -310,9 +310,9 @@ def test_costly_messages_are_refused_early_and_leave_others_alone(worlds) -> Non
     run(main())
 
 
-def test_a_burst_while_reading_is_rate_limited_not_closed(worlds) -> None:
+def test_a_burst_while_reading_is_rate_limited_not_closed(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             ws = await dial(server)
             got: list[m.ServerMessage] = []
 
@@ -337,9 +337,9 @@ def test_a_burst_while_reading_is_rate_limited_not_closed(worlds) -> None:
     run(main())
 
 
-def test_fragmented_messages_are_reassembled_or_too_large(worlds) -> None:
+def test_fragmented_messages_are_reassembled_or_too_large(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             ws = await dial(server)
             data = msgpack.packb({"type": "ping", "t": 3.0, "pad": b"x" * 1000})
             await ws.send([data[i : i + 10] for i in range(0, len(data), 10)])  # 101 fragments

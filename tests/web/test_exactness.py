@@ -7,13 +7,13 @@ import asyncio
 
 import numpy as np
 
-from tests.web.conftest import dial, recv, recv_until, run, send, serving
+from tests.web.conftest import dial, recv, recv_until, run, send
 from web import messages as m
 
 
-def test_a_cancel_right_after_a_step_wins_while_another_session_runs(worlds) -> None:
+def test_a_cancel_right_after_a_step_wins_while_another_session_runs(v1) -> None:
     async def main() -> None:
-        async with serving(worlds, debug_hooks=True) as server:
+        async with v1(debug_hooks=True) as server:
             busy = await dial(server)
             # a slow realtime session keeps the engine busy, so the step waits in its input queue
             await send(busy, m.Open(mode="realtime", codec="raw", debug=m.DebugHooks(step_delay_ms=150)))
@@ -36,9 +36,9 @@ def test_a_cancel_right_after_a_step_wins_while_another_session_runs(worlds) -> 
     run(main())
 
 
-def test_huge_mouse_is_refused_and_the_world_stays_playable(worlds) -> None:
+def test_huge_mouse_is_refused_and_the_world_stays_playable(v1) -> None:
     async def main() -> None:
-        async with serving(worlds) as server:
+        async with v1() as server:
             ref = await dial(server)
             ws = await dial(server)
             for c in (ref, ws):

@@ -5,7 +5,7 @@ whatever number of them committed first."""
 
 from __future__ import annotations
 
-from tests.web.conftest import dial, recv, recv_until, run, send, serving
+from tests.web.conftest import dial, recv, recv_until, run, send
 from web import messages as m
 
 STEPS = 8  # the most a session may have outstanding
@@ -21,9 +21,9 @@ async def open_lockstep(server):
     return ws
 
 
-def test_reset_with_eight_steps_queued_answers_each_before_ready(worlds) -> None:
+def test_reset_with_eight_steps_queued_answers_each_before_ready(v1) -> None:
     async def main() -> None:
-        async with serving(worlds, debug_hooks=True) as server:
+        async with v1(debug_hooks=True) as server:
             ws = await open_lockstep(server)
             await send(ws, m.Reset(seq=50, seed=4))
             got = await recv_until(ws, m.Ready)
@@ -44,9 +44,9 @@ def test_reset_with_eight_steps_queued_answers_each_before_ready(worlds) -> None
     run(main())
 
 
-def test_fork_with_eight_steps_queued_keeps_every_step(worlds) -> None:
+def test_fork_with_eight_steps_queued_keeps_every_step(v1) -> None:
     async def main() -> None:
-        async with serving(worlds, debug_hooks=True) as server:
+        async with v1(debug_hooks=True) as server:
             ws = await open_lockstep(server)
             await send(ws, m.Fork(seq=50))
             got = await recv_until(ws, m.Forked)
@@ -65,9 +65,9 @@ def test_fork_with_eight_steps_queued_keeps_every_step(worlds) -> None:
     run(main())
 
 
-def test_close_answers_a_waiting_cancel_before_closed(worlds) -> None:
+def test_close_answers_a_waiting_cancel_before_closed(v1) -> None:
     async def main() -> None:
-        async with serving(worlds, debug_hooks=True) as server:
+        async with v1(debug_hooks=True) as server:
             ws = await open_lockstep(server)
             await send(ws, m.Cancel(seq=50))
             await send(ws, m.Close())

@@ -105,9 +105,9 @@ def test_a_damaged_save_is_refused_by_name_and_the_others_restore(worlds, tmp_pa
     run(main())
 
 
-def test_a_save_game_restores_as_a_new_session_that_continues_exactly(worlds) -> None:
+def test_a_save_game_restores_as_a_new_session_that_continues_exactly(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             ws, ready = await _open(server, 7, "tiny-image")
             for i, a in enumerate(SCRIPT[:2]):
                 await _step(ws, i, a)

@@ -94,9 +94,9 @@ def test_image_started_worlds_give_their_start_frame_in_ready(worlds) -> None:
         run(main())
 
 
-def test_async_lockstep_session(worlds) -> None:
+def test_async_lockstep_session(v1) -> None:
     async def main():
-        async with serving(worlds, debug_hooks=True) as server:
+        async with v1(debug_hooks=True) as server:
             async with connect(server.url, seed=1, mode="lockstep", codec="h264") as s:
                 assert s.ready.model.id == "tiny" and s.ready.codec.name == "h264"
                 frames = await s.step({"keys": ["w"]})
@@ -121,9 +121,9 @@ def test_async_lockstep_session(worlds) -> None:
     run(main())
 
 
-def test_async_realtime_chunks_are_acked_and_paced(worlds) -> None:
+def test_async_realtime_chunks_are_acked_and_paced(v1) -> None:
     async def main():
-        async with serving(worlds) as server, connect(server.url, seed=1, max_ahead=2, codec="jpeg") as s:
+        async with v1() as server, connect(server.url, seed=1, max_ahead=2, codec="jpeg") as s:
             assert await s.act(keys=["w"], mouse=(2.0, 0.0), vector=[0.1, 0.2]) == 1
             chunks = []
             async for chunk in s.chunks():
@@ -143,9 +143,9 @@ def test_async_realtime_chunks_are_acked_and_paced(worlds) -> None:
     run(main())
 
 
-def test_async_reconnect_fork_and_generate(worlds) -> None:
+def test_async_reconnect_fork_and_generate(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             async with connect(server.url, seed=3, mode="lockstep", codec="raw") as ref:
                 reference = [await ref.step({"keys": ["w"]}) for _ in range(3)]
             async with connect(server.url, seed=3, mode="lockstep", codec="raw") as s:
@@ -258,13 +258,13 @@ def test_sync_realtime_generate_and_errors(worlds) -> None:
         assert info.value.code is ErrorCode.NOT_FOUND
 
 
-def test_rewind_in_both_sdks(worlds) -> None:
+def test_rewind_in_the_async_sdk(v1) -> None:
     """`rewind(n)`: the ready naming n with its last frame, then the same steps give the same
     frames under the same numbers; a step still waiting raises StepCancelled; past the retention
     `not_retained` and the session goes on."""
 
     async def main():
-        async with serving(worlds, retention=2, debug_hooks=True) as server:
+        async with v1(retention=2, debug_hooks=True) as server:
             async with connect(server.url, seed=4, mode="lockstep", codec="raw") as s:
                 first = [await s.step({"keys": [k]}) for k in "wdas"]
                 back = await s.rewind(2)
@@ -283,6 +283,9 @@ def test_rewind_in_both_sdks(worlds) -> None:
                     await step
 
     run(main())
+
+
+def test_rewind_in_the_sync_sdk(worlds) -> None:
     with serving_in_thread(worlds, retention=1) as server, Client(server.url, seed=4) as world:
         a = world.step({"keys": ["w"]})
         world.step({"keys": ["d"]})

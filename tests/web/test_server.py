@@ -44,9 +44,9 @@ async def closed_with(ws, code: int) -> None:
     assert ws.close_code == code, (ws.close_code, ws.close_reason)
 
 
-def test_lockstep_message_types(worlds) -> None:
+def test_lockstep_message_types(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             ws = await dial(server)
             await send(ws, m.Ping(t=12.5))
             pong = await recv(ws)
@@ -87,14 +87,15 @@ def test_lockstep_message_types(worlds) -> None:
             closed = await recv(ws)
             assert isinstance(closed, m.Closed) and closed.reason == "closed"
             await closed_with(ws, 1000)
-            assert len(server.manager) == 1  # only the fork is left, detached
+            if isinstance(server, Server):  # a cluster front end holds no sessions to count
+                assert len(server.manager) == 1  # only the fork is left, detached
 
     run(main())
 
 
-def test_realtime_credits_pause_resume_and_actions(worlds) -> None:
+def test_realtime_credits_pause_resume_and_actions(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             ws = await dial(server)
             await send(ws, m.Open(seed=1, codec="jpeg", max_ahead=2))
             await recv(ws)
@@ -120,9 +121,9 @@ def test_realtime_credits_pause_resume_and_actions(worlds) -> None:
     run(main())
 
 
-def test_start_frame_travels_in_ready_and_each_step_gets_exactly_one_chunk(worlds) -> None:
+def test_start_frame_travels_in_ready_and_each_step_gets_exactly_one_chunk(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             ws = await dial(server)
             await send(ws, m.Open(model="tiny-image", seed=4, mode="lockstep", codec="raw"))
             ready = await recv(ws)
@@ -188,11 +189,11 @@ def test_the_default_world_starts_from_the_game_start_frame() -> None:
     run(main())
 
 
-def test_resume_after_a_dropped_socket_loses_and_repeats_nothing(worlds) -> None:
+def test_resume_after_a_dropped_socket_loses_and_repeats_nothing(v1) -> None:
     script = [[W], [D], [W], [D], [W]]
 
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             async with connect(server.url, seed=3, mode="lockstep", codec="raw") as ref:
                 reference = [await ref.step(a) for a in script]
 
@@ -224,9 +225,9 @@ def test_resume_after_a_dropped_socket_loses_and_repeats_nothing(worlds) -> None
     run(main())
 
 
-def test_a_second_attach_evicts_the_first_socket(worlds) -> None:
+def test_a_second_attach_evicts_the_first_socket(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             ws = await dial(server)
             await send(ws, m.Open(seed=1, mode="lockstep"))
             ready = await recv(ws)
@@ -240,9 +241,9 @@ def test_a_second_attach_evicts_the_first_socket(worlds) -> None:
     run(main())
 
 
-def test_fork_over_the_wire_continues_both_worlds(worlds) -> None:
+def test_fork_over_the_wire_continues_both_worlds(v1) -> None:
     async def main():
-        async with serving(worlds) as server, connect(server.url, seed=4, mode="lockstep", codec="raw") as s:
+        async with v1() as server, connect(server.url, seed=4, mode="lockstep", codec="raw") as s:
             await s.step([W])
             token = await s.fork()
             async with attach(server.url, token, codec="raw") as f:
@@ -255,9 +256,9 @@ def test_fork_over_the_wire_continues_both_worlds(worlds) -> None:
     run(main())
 
 
-def test_oneshot_streams_frames_then_done_then_closes(worlds) -> None:
+def test_oneshot_streams_frames_then_done_then_closes(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             async with connect(server.url, seed=8, mode="lockstep", codec="raw") as ref:
                 reference = np.concatenate([await ref.step(a) for a in [[W], [D], [{}]]])
             ws = await dial(server)
@@ -274,7 +275,8 @@ def test_oneshot_streams_frames_then_done_then_closes(worlds) -> None:
             closed = await recv(ws)
             assert isinstance(closed, m.Closed) and closed.reason == "done"
             await closed_with(ws, 1000)
-            assert len(server.manager) == 0
+            if isinstance(server, Server):  # a cluster front end holds no sessions to count
+                assert len(server.manager) == 0
 
             ws = await dial(server)  # an image-started world: its start frame in `ready`, not a chunk
             await send(ws, m.Generate(model="tiny-image", seed=4, chunks=2, codec="raw"))
@@ -289,9 +291,9 @@ def test_oneshot_streams_frames_then_done_then_closes(worlds) -> None:
     run(main())
 
 
-def test_oneshot_actions_may_be_one_map_per_chunk_or_a_list_per_frame(worlds) -> None:
+def test_oneshot_actions_may_be_one_map_per_chunk_or_a_list_per_frame(v1) -> None:
     async def main():
-        async with serving(worlds) as server:
+        async with v1() as server:
             async with connect(server.url, seed=6, mode="lockstep", codec="raw") as ref:
                 reference = np.concatenate([await ref.step(a) for a in [[W], [D] * 4, [{"keys": ["a"]}]]])
             ws = await dial(server)

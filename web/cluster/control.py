@@ -6,13 +6,19 @@ Routing holds no session state: placement reads each replica's own figures, a to
 replica that made it (web/cluster/tokens.py), and a moved session is found by asking the
 replicas. The one state is the failover vault: with a checkpoint interval, the latest snapshot
 of every session (`Replica.checkpoints`), bounded in bytes; when a replica dies its sessions are
-restored from it on the others, each at the chunk of its last checkpoint.
+restored from it on the others, each at the chunk of its last checkpoint; then the control
+starts a new, empty replica under the dead one's name, so the cluster is back to its size (at most
+`ReplicaSpec.restarts` times per name within `ReplicaSpec.restart_window_s`: a replica that
+crashes in a loop stays down, and says so in the log).
 """
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections import Counter
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,6 +38,8 @@ START_TIMEOUT_S = 600.0  # loading the worlds (GPU weights) may take minutes
 LOCATE_TRIES = 10  # a moved session is asked for this many times, LOCATE_WAIT_S apart
 LOCATE_WAIT_S = 0.1
 FAILOVER_WAIT_S = 60.0  # how long a relay whose replica died waits for its session elsewhere
+NAME_TRIES = 10  # a restarted replica takes its dead namesake's name this many times ...
+NAME_WAIT_S = 0.5  # ... this far apart (Ray frees a dead actor's name soon after, not at once)
 
 
 class NoRoom(RuntimeError):
@@ -50,6 +58,11 @@ class ReplicaSpec:
     gpus: float = 0.0  # Ray resources each replica asks for
     cpus: float = 1.0
     host: str | None = "127.0.0.1"  # where replicas listen (None: their node's address)
+    loader: Callable[[], dict[str, Any]] | None = None  # builds each replica's worlds instead of
+    # the registry (``models`` is then ignored); importable by name in the replica's process
+    namespace: str = NAMESPACE  # of the replicas' Ray names: one per cluster on a Ray cluster
+    restarts: int = 3  # a dead replica is started again at most this often ...
+    restart_window_s: float = 600.0  # ... within this many seconds (then it stays down)
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,9 @@ class Cluster:
         self.vault: dict[str, Checkpoint] = {}  # session id -> its latest checkpoint, oldest first
         self.vault_bytes = vault_bytes
         self._failing: dict[str, asyncio.Task[None]] = {}  # replica -> its failover
+        self._restarting: dict[str, asyncio.Task[None]] = {}  # replica -> its restart
+        self._background: set[asyncio.Task[None]] = set()  # kept: the loop holds weak refs
+        self._crashes: dict[str, deque[float]] = {}  # replica -> when it was restarted (bounded)
         self._checkpointer: asyncio.Task[None] | None = None
 
     @classmethod
@@ -122,15 +138,17 @@ class Cluster:
                 f"the Ray cluster has {gpus:g} GPU and {cpus:g} CPU free"
             )
 
-    async def add(self) -> str:
-        """Start one more replica (it serves once its worlds are loaded); returns its name."""
+    async def add(self, name: str | None = None) -> str:
+        """Start one more replica (it serves once its worlds are loaded) named ``name`` (a dead
+        one's, restarted) or the next free name; returns its name."""
         spec = self.spec
         self._check_room(1)
-        name = f"replica-{self._next}"
-        self._next += 1
+        if name is None:
+            name = f"replica-{self._next}"
+            self._next += 1
         handle = (
             _actor()
-            .options(name=name, namespace=NAMESPACE, num_gpus=spec.gpus, num_cpus=spec.cpus)
+            .options(name=name, namespace=spec.namespace, num_gpus=spec.gpus, num_cpus=spec.cpus)
             .remote(
                 name,
                 list(spec.models),
@@ -140,6 +158,8 @@ class Cluster:
                 spec.dtype,
                 spec.threads,
                 spec.host,
+                spec.loader,
+                spec.namespace,
             )
         )
         try:
@@ -171,6 +191,8 @@ class Cluster:
         """Stop every replica's server, then the actors."""
         if self._checkpointer is not None:
             self._checkpointer.cancel()
+        for task in self._restarting.values():
+            task.cancel()
         await asyncio.gather(*(h.stop.remote() for h in self.replicas.values()), return_exceptions=True)
         for h in self.replicas.values():
             ray.kill(h)
@@ -200,13 +222,17 @@ class Cluster:
             if not loads:
                 raise RuntimeError("no replica answers")
 
-            def score(load: ReplicaLoad) -> tuple[bool, int, int]:
+            def score(load: ReplicaLoad) -> tuple[bool, bool, int, int]:
                 name = str(load["name"])
                 pending = self._pending[name]
-                usable = not load["draining"] and not load["dead"]
-                usable = usable and int(load["sessions"]) + pending < int(load["max_sessions"])  # type: ignore[call-overload]
+                serving = not load["draining"] and not load["dead"]
+                sessions, cap = int(load["sessions"]), int(load["max_sessions"])  # type: ignore[call-overload]
+                # A placed session may be in the figures before its `ready` settles it: when the
+                # pending ones fill every replica, one with room by its own count comes first.
+                usable = serving and sessions + pending < cap
+                room = serving and sessions < cap
                 free = int(load["free_bytes"]) - pending * int(load["session_bytes"])  # type: ignore[call-overload]
-                return usable, free, -(int(load["sessions"]) + pending)  # type: ignore[call-overload]
+                return usable, room, free, -(sessions + pending)
 
             name = str(max(loads, key=score)["name"])
             self._pending[name] += 1
@@ -343,15 +369,28 @@ class Cluster:
         await asyncio.shield(task)
 
     async def _fail_over(self, name: str) -> None:
-        """Replica ``name`` died: forget it, and restore each of its sessions from its last
-        checkpoint on the others."""
-        self.replicas.pop(name, None)
+        """Replica ``name`` died: forget it, restore each of its sessions from its last
+        checkpoint on the others, then start it again (`_restart_later`)."""
+        handle = self.replicas.pop(name, None)
         self.urls.pop(name, None)
+        if handle is not None:
+            with contextlib.suppress(Exception):  # dead already; this frees its name for sure
+                ray.kill(handle, no_restart=True)
         lost = {sid: c for sid, c in self.vault.items() if c.replica == name}
         log.error("= replica %s died; %d sessions come back from their checkpoints", name, len(lost))
+        try:
+            await self._restore_lost(name, lost)
+        finally:
+            self._restart_later(name)
+
+    async def _restore_lost(self, name: str, lost: dict[str, Checkpoint]) -> None:
+        """Each of the dead replica ``name``'s sessions from its checkpoint on the replica with
+        the most free bytes; one no replica takes is forgotten."""
         loads = [x for x in await self.loads() if not x["draining"] and not x["dead"]]
         if not loads:
             log.error("= no replica left to take the sessions of %s", name)
+            for sid in lost:
+                self.vault.pop(sid, None)
             return
         free = {str(x["name"]): int(x["free_bytes"]) for x in loads}  # type: ignore[call-overload]
         cost = {str(x["name"]): int(x["session_bytes"]) for x in loads}  # type: ignore[call-overload]
@@ -370,14 +409,71 @@ class Cluster:
             if self.vault.get(sid) is lost[sid]:  # no replica took it
                 del self.vault[sid]
 
+    def _restart_later(self, name: str) -> None:
+        """Start a new, empty replica named ``name`` in the background (the relays waiting for
+        the failover go on meanwhile), unless it was restarted `restarts` times in the window."""
+        now = time.monotonic()
+        spec = self.spec
+        crashes = self._crashes.setdefault(name, deque(maxlen=max(1, spec.restarts)))
+        while crashes and now - crashes[0] > spec.restart_window_s:
+            crashes.popleft()
+        if spec.restarts <= 0 or len(crashes) >= spec.restarts:
+            log.error(
+                "= replica %s died %d times within %.0f s: not restarted (the cluster serves on "
+                "with %d replicas; `worldserve add-replica` starts another)",
+                name,
+                len(crashes) + 1,
+                spec.restart_window_s,
+                len(self.replicas),
+            )
+            return
+        crashes.append(now)
+        task = asyncio.get_running_loop().create_task(self._restart(name))
+        self._restarting[name] = task
+        task.add_done_callback(lambda _: self._restarting.pop(name, None))
+
+    async def _restart(self, name: str) -> None:
+        self._failing.pop(name, None)  # a later death of the new replica fails over again
+        self._pending.pop(name, None)
+        for attempt in range(NAME_TRIES):
+            try:
+                await self.add(name)
+                break
+            except (ValueError, NoRoom):  # Ray has not released the dead actor's name or CPUs yet
+                if attempt == NAME_TRIES - 1:
+                    log.exception("= replica %s could not be restarted", name)
+                    return
+                await asyncio.sleep(NAME_WAIT_S)
+            except Exception:  # no room, or its worlds do not load: it stays down
+                log.exception("= replica %s could not be restarted", name)
+                return
+        log.warning("= replica %s restarted (empty; takes new sessions)", name)
+
     async def _take_over(self, target: str, batch: dict[str, bytes]) -> list[str]:
         """`Replica.take_over` on ``target``; a replica that fails takes none (the caller keeps
-        or drops them) instead of leaving a drain half done."""
+        or drops them) instead of leaving a drain half done. The control owns the outcome: when
+        the call fails or times out, sessions it may have restored meanwhile are discarded
+        there (`Replica.discard`), so none lives on two replicas; a target that does not answer
+        that either is stopped (its sessions fail over, and it restarts)."""
         try:
             return await asyncio.wait_for(self.replicas[target].take_over.remote(batch), START_TIMEOUT_S)
         except Exception as exc:
             log.error("= replica %s took none of %d sessions: %s", target, len(batch), exc)
-            return []
+        try:
+            await self._call(target, "discard", list(batch))
+        except ray.exceptions.RayActorError:  # dead: what it restored died with it
+            self._later(self.suspect(target))
+        except Exception as exc:
+            log.error("= replica %s did not discard a failed move (%s): stopping it", target, exc)
+            ray.kill(self.replicas[target], no_restart=True)
+            self._later(self.suspect(target))
+        return []
+
+    def _later(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background (not awaited: a failover must not wait on another)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def metrics(self) -> dict[str, bytes]:
         """Every answering replica's Prometheus text by name."""

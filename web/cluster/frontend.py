@@ -29,6 +29,7 @@ import logging
 import secrets
 import urllib.error
 import urllib.request
+from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import msgpack
@@ -44,6 +45,7 @@ from web import messages as m
 from web.admission import Admission, is_loopback
 from web.cluster.control import Cluster, capacity
 from web.cluster.metrics import merge
+from web.connection import MAX_FRAGMENTS
 from web.errors import ErrorCode, ProtocolError, close_code
 from web.hub import ServerConfig
 from web.routes import SESSION_PATH, http_response
@@ -315,24 +317,37 @@ class Relay:
             self.cluster.placed(self.replica)
 
     async def _inbound(self) -> None:
-        """Client -> replica. A message the old replica's socket refused goes to the new one."""
+        """Client -> replica, each message with as many fragments as the client sent (the
+        replica judges them, as a single server does). A message the old replica's socket
+        refused goes to the new one."""
         try:
-            async for data in self.client:
-                while True:
-                    await self._up.wait()
-                    up = self.upstream
-                    assert up is not None
-                    try:
-                        await up.send(data)
-                        break
-                    except ConnectionClosed:
-                        if self.upstream is up:
-                            self._up.clear()  # `_outbound` reattaches (or ends the relay)
+            while True:
+                parts: list[Any] = []
+                async for part in self.client.recv_streaming():
+                    if len(parts) <= MAX_FRAGMENTS:  # past it the replica refuses the message
+                        parts.append(part)  # (too_large) whatever follows: not kept
+                await self._forward(parts)
         except ConnectionClosed:
             pass
         self._client_gone = True  # the client left: its session detaches on the replica
         if self.upstream is not None:
             await self.upstream.close()
+
+    async def _forward(self, parts: list[Any]) -> None:
+        """One client message to the attached replica, waiting out a reattach."""
+        # websockets sends an iterable as its items then an empty final frame: the last two
+        # parts go as one, so the replica counts the client's fragments.
+        data = parts[0] if len(parts) == 1 else [*parts[:-2], parts[-2] + parts[-1]] if parts else b""
+        while True:
+            await self._up.wait()
+            up = self.upstream
+            assert up is not None
+            try:
+                await up.send(data)
+                return
+            except ConnectionClosed:
+                if self.upstream is up:
+                    self._up.clear()  # `_outbound` reattaches (or ends the relay)
 
     async def _outbound(self) -> None:
         """Replica -> client, reattaching when a drain moved the session."""
