@@ -1,6 +1,7 @@
-"""A move the control gave up (its take_over call failed or timed out) leaves each session on
-one replica only: `Replica.discard` closes what the target restored and makes a take_over still
-under way drop the rest. A replica here is the actor's class around a real server, no Ray."""
+"""Moves between replicas: one the control gave up (its take_over call failed or timed out) leaves
+each session on one replica only (`Replica.discard` closes what the target restored and makes a
+take_over still under way drop the rest), and a moved session keeps its client's codec. A
+replica here is the actor's class around a real server, no Ray."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 
 from tests.web.conftest import dial, recv, send, serving
 from web import messages as m
-from web.cluster.replica import Replica
+from web.cluster.replica import Moving, Replica
 from web.hub import ServerConfig
 
 
@@ -18,12 +19,12 @@ def replica_on(server) -> Replica:
     return replica
 
 
-async def handed_over(server, count: int) -> dict[str, bytes]:
+async def handed_over(server, count: int) -> dict[str, Moving]:
     for seed in range(count):
         ws = await dial(server)
         await send(ws, m.Open(seed=seed, mode="lockstep", codec="raw"))
         assert isinstance(await recv(ws), m.Ready)
-    return await server.hand_over()
+    return await replica_on(server).hand_over()
 
 
 def test_a_discard_during_a_take_over_leaves_no_session_on_the_target(worlds) -> None:
@@ -53,5 +54,29 @@ def test_a_discard_after_a_take_over_closes_what_it_restored(worlds) -> None:
             await replica.discard(list(handed))
             assert [s.id for s in target.manager.sessions() if not s.status.is_finished] == []
             assert await replica.take_over(handed) == []  # a late retry of the same move: refused
+
+    asyncio.run(main())
+
+
+def test_a_moved_session_resumed_naming_no_codec_keeps_its_clients_codec(worlds) -> None:
+    """As on one server, a resume that names no codec gets the codec the session was attached
+    with, also after a drain or a failover moved it (it was jpeg, the default, before)."""
+
+    async def main() -> None:
+        async with serving(worlds) as source, serving(worlds) as target:
+            ws = await dial(source)
+            await send(ws, m.Open(seed=3, mode="lockstep", codec="raw"))
+            ready = await recv(ws)
+            assert isinstance(ready, m.Ready)
+            handed = await replica_on(source).hand_over()
+            assert [codec for _, codec in handed.values()] == ["raw"]
+            assert await replica_on(target).take_over(handed) == list(handed)
+            source.let_go(list(handed))
+            back = await dial(target, f"?resume={ready.resume_token}")
+            again = await recv(back)
+            assert isinstance(again, m.Ready) and again.codec.name == "raw"
+            await send(back, m.Step(seq=0, actions=[m.FrameAction(keys=("d",))]))
+            frames = await recv(back)
+            assert isinstance(frames, m.Frames) and frames.codec == "raw"
 
     asyncio.run(main())

@@ -35,6 +35,10 @@ __all__ = ["Replica", "ReplicaLoad"]
 log = logging.getLogger(__name__)
 
 PEER_TIMEOUT_S = 60.0  # a peer's answer to a fork's placement or restore
+# A session on its way to another replica: its snapshot bytes and the codec its client was last
+# attached with (None: never attached), so a client that resumes there naming no codec gets the
+# codec it had, as on one server.
+Moving = tuple[bytes, str | None]
 MAX_DISOWNED = 4096  # ids of given-up moves remembered (one drain's sessions fit many times)
 ReplicaLoad = dict[str, object]  # what `Replica.load` answers (plain data: it crosses Ray)
 
@@ -142,19 +146,23 @@ class Replica:
         """Whether a live session here answers to ``token``."""
         return self._server().manager.has_token(token)
 
-    async def hand_over(self) -> dict[str, bytes]:
+    async def hand_over(self) -> dict[str, Moving]:
         """Begin a drain: no new sessions are placed here, and every session is snapshotted
-        and held (`Server.hand_over`)."""
+        and held (`Server.hand_over`), with its codec."""
         self.draining = True
-        return await self._server().hand_over()
+        server = self._server()
+        handed = await server.hand_over()
+        codecs = {s.id: server.codec_of(s) for s in server.manager.sessions() if s.id in handed}
+        return {sid: (data, codecs.get(sid)) for sid, data in handed.items()}
 
-    async def take_over(self, sessions: dict[str, bytes]) -> list[str]:
+    async def take_over(self, sessions: dict[str, Moving]) -> list[str]:
         """Restore sessions another replica handed over (same ids and tokens); returns the ids
         restored (a refused one is logged and left to its old replica; one `discard`ed meanwhile
         is closed again and not in the answer)."""
-        manager = self._server().manager
+        server = self._server()
+        manager = server.manager
         taken: list[str] = []
-        for sid, data in sessions.items():
+        for sid, (data, codec) in sessions.items():
             if sid in self._disowned:
                 continue
             try:
@@ -165,6 +173,8 @@ class Replica:
             if sid in self._disowned:  # discarded while it was being restored
                 session.finish(SessionStatus.SHUTDOWN)
                 continue
+            if codec is not None:
+                server.remember_codec(session, codec)  # type: ignore[arg-type]  (one it had)
             taken.append(sid)
         return taken
 
@@ -255,15 +265,16 @@ class Replica:
         """The move of these sessions failed: they go on here (`Server.keep`)."""
         self._server().keep(session_ids)
 
-    async def checkpoints(self, since: dict[str, int]) -> tuple[list[str], dict[str, tuple[int, bytes]]]:
+    async def checkpoints(self, since: dict[str, int]) -> tuple[list[str], dict[str, tuple[int, Moving]]]:
         """For a failover: the ids of the sessions that live here, and a snapshot (last chunk,
-        bytes) of each whose last chunk differs from ``since`` (what the caller already holds).
-        A session that cannot be snapshotted now is left for the next round."""
-        manager = self._server().manager
+        (bytes, codec)) of each whose last chunk differs from ``since`` (what the caller already
+        holds). A session that cannot be snapshotted now is left for the next round."""
+        server = self._server()
+        manager = server.manager
         live = [s for s in manager.sessions() if not s.status.is_finished and s.keep]
         if self.draining:  # its sessions are held for the move: their checkpoints stay as they are
             return [s.id for s in live], {}
-        fresh: dict[str, tuple[int, bytes]] = {}
+        fresh: dict[str, tuple[int, Moving]] = {}
         for s in live:
             if since.get(s.id) == s.last_chunk:
                 continue
@@ -272,7 +283,7 @@ class Replica:
             except Exception as exc:  # closed meanwhile, or held by a drain
                 log.debug("= session %s not checkpointed: %s", s.id, exc)
                 continue
-            fresh[s.id] = (chunk, data)
+            fresh[s.id] = (chunk, (data, server.codec_of(s)))
         return [s.id for s in live], fresh
 
     async def undrain(self) -> None:
