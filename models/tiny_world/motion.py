@@ -5,8 +5,8 @@
 trains a motion head for the model directory DIR on the training worlds' episodes (the recipe's
 data, encoded with DIR's own autoencoder) as the training run's `motion` stage does
 (`Trainer.train_motion`, `TrainConfig.motion_steps`) and writes DIR (or a copy, DIR2) with
-DIR/motion/ added, replacing a key gate the directory may still hold: about 20 minutes on 2 CPU
-cores (encoding the episodes is half of it; `--work` keeps them for another run). The labels
+DIR/motion/ added, replacing a key gate the directory may still hold: about 40 minutes on one
+CPU core (encoding the episodes is about 8 of them; `--work` keeps them for another run). The labels
 are what the episodes did: the camera's and the player's move in every frame and which held
 keys moved nothing (`models.tiny_world.training.motion`).
 """

@@ -129,7 +129,7 @@ class TrainConfig:
     sf_release_blocked: bool = False
     # The motion head (`models.tiny_world.motion_head`; models/tiny_world/motion.py), trained after the
     # DiT stages on the same episodes' latents, labelled by what the episodes did (0 steps: none).
-    motion_steps: int = 4000
+    motion_steps: int = 8000
     # The terrain prior (`models.tiny_world.terrain_prior`; models/tiny_world/terrain.py), trained last on the
     # training worlds' maps alone (0 steps, or no atlas: none; the DiT invents new terrain).
     terrain_steps: int = 3000

@@ -61,7 +61,7 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     second = {"sf2_steps": 500, "sf2_view_start": True, "sf2_jitter_centred": True}
     assert {k: getattr(cfg, k) for k in second} == second
     assert (cfg.sf3_steps, cfg.sf3_phase_weight) == (250, 2.0) and cfg.dit_stages()[-1] == "sf3"
-    assert cfg.sf3_release_blocked and cfg.motion_steps == 4000
+    assert cfg.sf3_release_blocked and cfg.motion_steps == 8000
     # The terrain prior (row BN): the `terrain` stage's, on the autoencoder's codebook (fit on
     # frames by the `ae` stage, as many entries as the recipe asks).
     assert cfg.terrain_steps == 3000 and world.plugin.terrain is not None
