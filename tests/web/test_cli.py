@@ -429,3 +429,35 @@ def test_serve_without_retention_takes_what_leaves_room_for_its_sessions(
     assert main([*argv, "--device-memory", str(100 * room_for_one_chunk)]) == 0
     assert started == [1, ServerConfig().retention]
     assert any("rewind retention 1 chunks" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["cluster", "--restarts", "-1"], "--restarts -1"),
+        (["cluster", "--restart-window", "0"], "--restart-window 0"),
+        (["cluster", "--replicas", "0"], "--replicas 0"),
+        (["cluster", "--snapshot-interval", "-5"], "--snapshot-interval -5"),
+    ],
+)
+def test_cluster_settings_are_checked_before_ray_starts(
+    argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class NoRay:
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError("Ray was started before the settings were checked")
+
+    monkeypatch.setitem(sys.modules, "ray", NoRay())
+    assert main(argv) == 2
+    assert says in one_error_line(capsys.readouterr().err)
+
+
+def test_cluster_restart_flags_default_to_the_replica_specs_limits() -> None:
+    pytest.importorskip("ray")
+    from web.cluster.control import ReplicaSpec
+
+    spec = ReplicaSpec(models=("tiny",), config=ServerConfig())
+    args = cli._parser().parse_args(["cluster"])
+    assert (args.restarts, args.restart_window) == (spec.restarts, spec.restart_window_s)
+    args = cli._parser().parse_args(["cluster", "--restarts", "0", "--restart-window", "60"])
+    assert (args.restarts, args.restart_window) == (0, 60.0)

@@ -61,6 +61,17 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
         help="checkpoint every session this often; a replica that dies brings its sessions back "
         "on the others from their last checkpoint; 0: off (default: %(default)s)",
     )
+    cluster.add_argument(
+        "--restarts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="a replica that dies is started again (empty, under its name) at most N times within "
+        "--restart-window, then it stays down; 0: never (default: %(default)s)",
+    )
+    cluster.add_argument(
+        "--restart-window", type=float, default=600.0, metavar="S", help="seconds (default: %(default)s)"
+    )
     cluster.set_defaults(run=_cluster)
 
     drain = commands.add_parser(
@@ -79,6 +90,19 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
 
 
 def _cluster(args: argparse.Namespace) -> int:
+    bad = [
+        f"{flag} {value}: {why}"
+        for flag, value, ok, why in (
+            ("--replicas", args.replicas, args.replicas is None or args.replicas >= 1, "at least 1"),
+            ("--restarts", args.restarts, args.restarts >= 0, "0 or more"),
+            ("--restart-window", args.restart_window, args.restart_window > 0, "more than 0 seconds"),
+            ("--snapshot-interval", args.snapshot_interval, args.snapshot_interval >= 0, "0 (off) or more"),
+        )
+        if not ok
+    ]
+    if bad:  # checked before Ray starts
+        print(f"worldserve: error: {bad[0]}", file=sys.stderr)
+        return 2
     import ray
 
     ray.init(address=None if args.ray == "local" else args.ray, include_dashboard=False)
@@ -87,7 +111,9 @@ def _cluster(args: argparse.Namespace) -> int:
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     count = args.replicas or (gpus if device == "cuda" else 2)
     if count < 1:
-        print("worldserve: error: --replicas must be at least 1", file=sys.stderr)
+        print(
+            "worldserve: error: no GPU in the Ray cluster; pass --device cpu or --replicas", file=sys.stderr
+        )
         return 2
     config = ServerConfig(
         host=args.host,
@@ -125,6 +151,8 @@ async def _run_cluster(
         gpus=1.0 if device == "cuda" else 0.0,
         cpus=0.0 if device == "cuda" else float(args.threads),
         host="127.0.0.1" if args.ray == "local" else None,  # Ray started here: one machine
+        restarts=args.restarts,
+        restart_window_s=args.restart_window,
     )
     cluster = await Cluster.start(count, spec, secrets.token_bytes(32))
     if args.snapshot_interval > 0:
