@@ -21,7 +21,7 @@ from web.hub import ServerConfig
 ray = pytest.importorskip("ray")
 
 from tests.web.cluster_harness import Running  # noqa: E402
-from web.cluster.control import Cluster, NoRoom, ReplicaSpec  # noqa: E402  (needs ray)
+from web.cluster.control import Checkpoint, Cluster, NoRoom, ReplicaSpec  # noqa: E402  (needs ray)
 from web.cluster.frontend import FrontEnd  # noqa: E402
 
 W = m.FrameAction(keys=("w",))
@@ -410,3 +410,58 @@ def test_placement_goes_where_there_is_room_when_pending_placements_fill_every_r
     cluster.loads = answered  # type: ignore[method-assign]
     cluster._pending["replica-1"] = 1
     assert asyncio.run(cluster.place()) == "replica-1"
+
+
+class FakeReplica:
+    """A replica handle whose methods answer as `Replica`'s do through Ray (``.remote`` returns
+    an awaitable), recording what it was asked."""
+
+    def __init__(self, name: str, engine_dead: bool) -> None:
+        self.name, self.engine_dead, self.taken = name, engine_dead, {}
+
+        async def load() -> dict:
+            figures = {"max_sessions": 16, "session_bytes": 100, "used_bytes": 0, "draining": False}
+            return {**figures, "name": name, "sessions": 1, "free_bytes": 900, "dead": self.engine_dead}
+
+        async def checkpoints(since: dict) -> tuple | None:
+            return None if self.engine_dead else ([], {})
+
+        async def take_over(batch: dict) -> list[str]:
+            self.taken.update(batch)
+            return list(batch)
+
+        for method in (load, checkpoints, take_over):
+            setattr(self, method.__name__, type("Method", (), {"remote": staticmethod(method)})())
+
+
+def test_a_replica_whose_engine_thread_died_fails_over_and_is_restarted() -> None:
+    """Its process lives, so Ray sees nothing wrong: the checkpoint round hears the engine died,
+    and its sessions come back on another replica from their checkpoints, as for a dead process,
+    and the replica is started again."""
+    cluster = Cluster(ReplicaSpec(models=(), config=ServerConfig()), b"k" * 32)
+    broken, healthy = FakeReplica("replica-0", engine_dead=True), FakeReplica("replica-1", engine_dead=False)
+    cluster.replicas = {"replica-0": broken, "replica-1": healthy}  # type: ignore[dict-item]
+    cluster.vault["s1"] = Checkpoint("replica-0", 6, b"snapshot", "raw")
+    restarted: list[str] = []
+
+    async def add(name: str | None = None) -> str:
+        restarted.append(str(name))
+        return str(name)
+
+    async def loads() -> list[dict]:
+        return [await r.load.remote() for r in cluster.replicas.values()]  # type: ignore[attr-defined]
+
+    cluster.add = add  # type: ignore[method-assign]
+    cluster.loads = loads  # type: ignore[method-assign]
+
+    async def main() -> None:
+        await cluster.checkpoint("replica-1")  # a healthy replica's round changes nothing
+        assert set(cluster.replicas) == {"replica-0", "replica-1"} and healthy.taken == {}
+        await cluster.checkpoint("replica-0")
+        while cluster._restarting:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert healthy.taken == {"s1": (b"snapshot", "raw")}
+    assert cluster.vault["s1"].replica == "replica-1"
+    assert restarted == ["replica-0"]

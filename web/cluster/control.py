@@ -335,13 +335,17 @@ class Cluster:
         there leave it); a dead replica's sessions fail over."""
         since = {sid: c.chunk for sid, c in self.vault.items() if c.replica == name}
         try:
-            live, fresh = await self._call(name, "checkpoints", since)
+            answer = await self._call(name, "checkpoints", since)
         except ray.exceptions.RayActorError:
             await self.suspect(name)
             return
         except Exception as exc:  # slow this round: its old checkpoints stay
             log.warning("= replica %s not checkpointed: %s", name, exc)
             return
+        if answer is None:  # its engine thread died
+            await self.suspect(name)
+            return
+        live, fresh = answer
         for sid in set(since) - set(live):
             del self.vault[sid]
         for sid, (chunk, (data, codec)) in fresh.items():
@@ -353,15 +357,17 @@ class Cluster:
             del self.vault[sid]
 
     async def suspect(self, name: str) -> None:
-        """A replica did not answer or dropped a socket: if it is dead, fail its sessions over
-        (once, however many relays noticed)."""
+        """A replica did not answer, dropped a socket or said its engine thread died: if its
+        process or its engine is dead, fail its sessions over (once, however many relays
+        noticed); `_fail_over` stops a process whose engine died."""
         if name not in self.replicas:
             return
         task = self._failing.get(name)
         if task is None:
             try:
-                await self._call(name, "load")
-                return  # alive
+                if not (await self._call(name, "load"))["dead"]:
+                    return  # alive
+                log.error("= replica %s: its engine thread died; stopping it", name)
             except ray.exceptions.RayActorError:
                 pass
             except Exception:  # slow, not dead: the next checkpoint round asks again
@@ -376,7 +382,7 @@ class Cluster:
         handle = self.replicas.pop(name, None)
         self.urls.pop(name, None)
         if handle is not None:
-            with contextlib.suppress(Exception):  # dead already; this frees its name for sure
+            with contextlib.suppress(Exception):  # dead (or its engine is): stopped, its name freed
                 ray.kill(handle, no_restart=True)
         lost = {sid: c for sid, c in self.vault.items() if c.replica == name}
         log.error("= replica %s died; %d sessions come back from their checkpoints", name, len(lost))

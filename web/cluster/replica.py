@@ -265,11 +265,17 @@ class Replica:
         """The move of these sessions failed: they go on here (`Server.keep`)."""
         self._server().keep(session_ids)
 
-    async def checkpoints(self, since: dict[str, int]) -> tuple[list[str], dict[str, tuple[int, Moving]]]:
+    async def checkpoints(
+        self, since: dict[str, int]
+    ) -> tuple[list[str], dict[str, tuple[int, Moving]]] | None:
         """For a failover: the ids of the sessions that live here, and a snapshot (last chunk,
         (bytes, codec)) of each whose last chunk differs from ``since`` (what the caller already
-        holds). A session that cannot be snapshotted now is left for the next round."""
+        holds). A session that cannot be snapshotted now is left for the next round. None: this
+        replica's engine thread has died (its process lives on, its sessions cannot step)."""
         server = self._server()
+        engine = server.runtime.engine_thread if server.runtime is not None else None
+        if engine is not None and engine.dead:
+            return None
         manager = server.manager
         live = [s for s in manager.sessions() if not s.status.is_finished and s.keep]
         if self.draining:  # its sessions are held for the move: their checkpoints stay as they are
