@@ -70,6 +70,9 @@ PIPELINE = 2  # realtime chunks queued in the engine at once, so the device neve
 MAX_STEPS_QUEUED = 8  # lockstep steps outstanding before `rate_limited`
 
 
+MAX_CODEC_NAME = 32  # a snapshot's codec name longer than this is not kept
+
+
 class SessionStatus(enum.IntEnum):
     """Where a session is in its life. Values >= CLOSED are finished."""
 
@@ -154,6 +157,9 @@ class Session:
         self.mode: Mode = mode
         self.max_ahead = max_ahead
         self.cond = cond  # what the current world started from (reset may change seed)
+        # The codec its client last attached with (set by the serving layer; opaque here): kept in
+        # snapshots, so a resume naming none gets it back after a restart or a move.
+        self.codec: str | None = None
         self.status = SessionStatus.OPENING
         self.paused = False
         self.detached_at: float | None = None
@@ -666,6 +672,7 @@ class Session:
             "acked": self.acked,
             "frames_out": self.frames_out,
             "paused": self.paused,
+            "codec": self.codec,
             "retained": [
                 {"chunk": e.chunk, "frame0": e.frame0, "action_seq": e.action_seq, "timings": e.timings}
                 for e in retained
@@ -689,6 +696,8 @@ class Session:
         self.frames_out = self._frame_base + info.video_frames
         self.frame = arrays.get("frame")
         self.paused = bool(rec.get("paused", False))
+        codec = rec.get("codec")
+        self.codec = codec if isinstance(codec, str) and len(codec) <= MAX_CODEC_NAME else None
         self.acked = self.last_chunk
         if keep_unacked:
             self.acked = min(int(rec["acked"]), self.last_chunk)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # annotations only: the CLI reads ServerConfig's defaults wit
 __all__ = ["STATIC_DIR", "Hub", "Owner", "ServerConfig"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+CODECS = ("h264", "jpeg", "raw")  # `web.messages.Codec`'s names (that module loads numpy)
 
 
 @dataclass(frozen=True)
@@ -102,13 +103,12 @@ class Hub:
     # SessionBusy when none can take it
     fork_elsewhere: ForkElsewhere | None = None
     _owners: WeakKeyDictionary[Session, Owner] = field(default_factory=WeakKeyDictionary)
-    _codecs: WeakKeyDictionary[Session, Codec] = field(default_factory=WeakKeyDictionary)
 
     def claim(self, session: Session, owner: Owner, codec: Codec) -> None:
         """Attach ``session`` to ``owner``; a previous owner is evicted."""
         previous = self._owners.get(session)
         self._owners[session] = owner
-        self._codecs[session] = codec
+        session.codec = codec
         if previous is not None and previous is not owner:
             previous.evict()
 
@@ -122,9 +122,10 @@ class Hub:
             del self._owners[session]
 
     def codec_of(self, session: Session) -> Codec | None:
-        """The codec ``session`` was last attached with (a fork inherits its source's)."""
-        return self._codecs.get(session)
+        """The codec ``session`` was last attached with (a fork inherits its source's; a
+        restored or moved session keeps it through its snapshot), None when unknown."""
+        return session.codec if session.codec in CODECS else None  # type: ignore[return-value]
 
     def remember_codec(self, session: Session, codec: Codec) -> None:
         """Record the codec a not-yet-attached session (a fork) will use by default."""
-        self._codecs[session] = codec
+        session.codec = codec

@@ -225,10 +225,6 @@ class Server(Listening):
             if s.id in wanted:
                 s.finish(SessionStatus.SHUTDOWN)  # detached now: nobody gets this `closed`
 
-    def codec_of(self, session: Session) -> m.Codec | None:
-        """The codec ``session`` was last attached with (None: never attached here)."""
-        return self._hub.codec_of(session) if self._hub is not None else None
-
     def remember_codec(self, session: Session, codec: m.Codec) -> None:
         """The codec a session not attached yet (a fork restored from another replica) is
         attached with when its client names none."""

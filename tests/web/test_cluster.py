@@ -441,7 +441,7 @@ def test_a_replica_whose_engine_thread_died_fails_over_and_is_restarted() -> Non
     cluster = Cluster(ReplicaSpec(models=(), config=ServerConfig()), b"k" * 32)
     broken, healthy = FakeReplica("replica-0", engine_dead=True), FakeReplica("replica-1", engine_dead=False)
     cluster.replicas = {"replica-0": broken, "replica-1": healthy}  # type: ignore[dict-item]
-    cluster.vault["s1"] = Checkpoint("replica-0", 6, b"snapshot", "raw")
+    cluster.vault["s1"] = Checkpoint("replica-0", 6, b"snapshot")
     restarted: list[str] = []
 
     async def add(name: str | None = None) -> str:
@@ -462,6 +462,6 @@ def test_a_replica_whose_engine_thread_died_fails_over_and_is_restarted() -> Non
             await asyncio.sleep(0.01)
 
     asyncio.run(main())
-    assert healthy.taken == {"s1": (b"snapshot", "raw")}
+    assert healthy.taken == {"s1": b"snapshot"}
     assert cluster.vault["s1"].replica == "replica-1"
     assert restarted == ["replica-0"]

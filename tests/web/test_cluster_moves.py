@@ -6,11 +6,12 @@ replica here is the actor's class around a real server, no Ray."""
 from __future__ import annotations
 
 import asyncio
+from typing import get_args
 
 from tests.web.conftest import dial, recv, send, serving
 from web import messages as m
-from web.cluster.replica import Moving, Replica
-from web.hub import ServerConfig
+from web.cluster.replica import Replica
+from web.hub import CODECS, ServerConfig
 
 
 def replica_on(server) -> Replica:
@@ -19,7 +20,7 @@ def replica_on(server) -> Replica:
     return replica
 
 
-async def handed_over(server, count: int) -> dict[str, Moving]:
+async def handed_over(server, count: int) -> dict[str, bytes]:
     for seed in range(count):
         ws = await dial(server)
         await send(ws, m.Open(seed=seed, mode="lockstep", codec="raw"))
@@ -60,7 +61,8 @@ def test_a_discard_after_a_take_over_closes_what_it_restored(worlds) -> None:
 
 def test_a_moved_session_resumed_naming_no_codec_keeps_its_clients_codec(worlds) -> None:
     """As on one server, a resume that names no codec gets the codec the session was attached
-    with, also after a drain or a failover moved it (it was jpeg, the default, before)."""
+    with, also after a drain or a failover moved it (its snapshot carries it; it was jpeg, the
+    default, before)."""
 
     async def main() -> None:
         async with serving(worlds) as source, serving(worlds) as target:
@@ -69,7 +71,6 @@ def test_a_moved_session_resumed_naming_no_codec_keeps_its_clients_codec(worlds)
             ready = await recv(ws)
             assert isinstance(ready, m.Ready)
             handed = await replica_on(source).hand_over()
-            assert [codec for _, codec in handed.values()] == ["raw"]
             assert await replica_on(target).take_over(handed) == list(handed)
             source.let_go(list(handed))
             back = await dial(target, f"?resume={ready.resume_token}")
@@ -80,3 +81,25 @@ def test_a_moved_session_resumed_naming_no_codec_keeps_its_clients_codec(worlds)
             assert isinstance(frames, m.Frames) and frames.codec == "raw"
 
     asyncio.run(main())
+
+
+def test_a_session_resumed_after_a_restart_naming_no_codec_keeps_its_clients_codec(worlds, tmp_path) -> None:
+    """The same across a restart of one server with a state directory (the saved session's
+    snapshot carries the codec; PROTOCOL.md: "default: the codec the session had")."""
+
+    async def main() -> None:
+        async with serving(worlds, state_dir=tmp_path) as first:
+            ws = await dial(first)
+            await send(ws, m.Open(seed=3, mode="lockstep", codec="raw"))
+            ready = await recv(ws)
+            assert isinstance(ready, m.Ready)
+        async with serving(worlds, state_dir=tmp_path) as second:
+            back = await dial(second, f"?resume={ready.resume_token}")
+            again = await recv(back)
+            assert isinstance(again, m.Ready) and again.codec.name == "raw"
+
+    asyncio.run(main())
+
+
+def test_the_hubs_codec_names_are_the_protocols() -> None:
+    assert get_args(m.Codec) == CODECS

@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 
-from web.cluster.replica import Moving, Replica, ReplicaLoad
+from web.cluster.replica import Replica, ReplicaLoad
 from web.cluster.tokens import TokenSigner
 from web.hub import ServerConfig
 
@@ -76,13 +76,11 @@ class DrainReport:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A session's latest snapshot in the vault: where it lived, its last chunk, its bytes and
-    its client's codec (None: never attached)."""
+    """A session's latest snapshot in the vault: where it lived, its last chunk, its bytes."""
 
     replica: str
     chunk: int
     data: bytes
-    codec: str | None = None
 
 
 @functools.cache
@@ -286,7 +284,7 @@ class Cluster:
         stays where it was."""
         if name not in self.replicas:
             raise KeyError(f"no replica {name!r}; replicas: {sorted(self.replicas)}")
-        handed: dict[str, Moving] = await asyncio.wait_for(
+        handed: dict[str, bytes] = await asyncio.wait_for(
             self.replicas[name].hand_over.remote(), START_TIMEOUT_S
         )
         targets = [
@@ -296,12 +294,12 @@ class Cluster:
         ]
         free = {str(t["name"]): int(t["free_bytes"]) for t in targets}  # type: ignore[call-overload]
         cost = {str(t["name"]): int(t["session_bytes"]) for t in targets}  # type: ignore[call-overload]
-        batches: dict[str, dict[str, Moving]] = {t: {} for t in free}
-        for sid, moving in handed.items():
+        batches: dict[str, dict[str, bytes]] = {t: {} for t in free}
+        for sid, data in handed.items():
             if not free:
                 break
             target = max(free, key=lambda t: free[t])
-            batches[target][sid] = moving
+            batches[target][sid] = data
             free[target] -= cost[target]
         moved: dict[str, str] = {}
         for target, batch in batches.items():
@@ -348,9 +346,9 @@ class Cluster:
         live, fresh = answer
         for sid in set(since) - set(live):
             del self.vault[sid]
-        for sid, (chunk, (data, codec)) in fresh.items():
+        for sid, (chunk, data) in fresh.items():
             self.vault.pop(sid, None)  # to the end: the order is the age of the checkpoint
-            self.vault[sid] = Checkpoint(name, chunk, data, codec)
+            self.vault[sid] = Checkpoint(name, chunk, data)
         while self.vault and sum(len(c.data) for c in self.vault.values()) > self.vault_bytes:
             sid = next(iter(self.vault))
             log.warning("= session %s has no checkpoint: the vault is full", sid)
@@ -402,10 +400,10 @@ class Cluster:
             return
         free = {str(x["name"]): int(x["free_bytes"]) for x in loads}  # type: ignore[call-overload]
         cost = {str(x["name"]): int(x["session_bytes"]) for x in loads}  # type: ignore[call-overload]
-        batches: dict[str, dict[str, Moving]] = {t: {} for t in free}
+        batches: dict[str, dict[str, bytes]] = {t: {} for t in free}
         for sid, c in lost.items():
             target = max(free, key=lambda t: free[t])
-            batches[target][sid] = (c.data, c.codec)
+            batches[target][sid] = c.data
             free[target] -= cost[target]
         for target, batch in batches.items():
             if not batch:
@@ -457,7 +455,7 @@ class Cluster:
                 return
         log.warning("= replica %s restarted (empty; takes new sessions)", name)
 
-    async def _take_over(self, target: str, batch: dict[str, Moving]) -> list[str]:
+    async def _take_over(self, target: str, batch: dict[str, bytes]) -> list[str]:
         """`Replica.take_over` on ``target``; a replica that fails takes none (the caller keeps
         or drops them) instead of leaving a drain half done. The control owns the outcome: when
         the call fails or times out, sessions it may have restored meanwhile are discarded

@@ -35,10 +35,6 @@ __all__ = ["Replica", "ReplicaLoad"]
 log = logging.getLogger(__name__)
 
 PEER_TIMEOUT_S = 60.0  # a peer's answer to a fork's placement or restore
-# A session on its way to another replica: its snapshot bytes and the codec its client was last
-# attached with (None: never attached), so a client that resumes there naming no codec gets the
-# codec it had, as on one server.
-Moving = tuple[bytes, str | None]
 MAX_DISOWNED = 4096  # ids of given-up moves remembered (one drain's sessions fit many times)
 ReplicaLoad = dict[str, object]  # what `Replica.load` answers (plain data: it crosses Ray)
 
@@ -146,23 +142,20 @@ class Replica:
         """Whether a live session here answers to ``token``."""
         return self._server().manager.has_token(token)
 
-    async def hand_over(self) -> dict[str, Moving]:
+    async def hand_over(self) -> dict[str, bytes]:
         """Begin a drain: no new sessions are placed here, and every session is snapshotted
-        and held (`Server.hand_over`), with its codec."""
+        and held (`Server.hand_over`); the snapshot carries its client's codec."""
         self.draining = True
-        server = self._server()
-        handed = await server.hand_over()
-        codecs = {s.id: server.codec_of(s) for s in server.manager.sessions() if s.id in handed}
-        return {sid: (data, codecs.get(sid)) for sid, data in handed.items()}
+        return await self._server().hand_over()
 
-    async def take_over(self, sessions: dict[str, Moving]) -> list[str]:
+    async def take_over(self, sessions: dict[str, bytes]) -> list[str]:
         """Restore sessions another replica handed over (same ids and tokens); returns the ids
         restored (a refused one is logged and left to its old replica; one `discard`ed meanwhile
         is closed again and not in the answer)."""
         server = self._server()
         manager = server.manager
         taken: list[str] = []
-        for sid, (data, codec) in sessions.items():
+        for sid, data in sessions.items():
             if sid in self._disowned:
                 continue
             try:
@@ -173,8 +166,6 @@ class Replica:
             if sid in self._disowned:  # discarded while it was being restored
                 session.finish(SessionStatus.SHUTDOWN)
                 continue
-            if codec is not None:
-                server.remember_codec(session, codec)  # type: ignore[arg-type]  (one it had)
             taken.append(sid)
         return taken
 
@@ -267,9 +258,9 @@ class Replica:
 
     async def checkpoints(
         self, since: dict[str, int]
-    ) -> tuple[list[str], dict[str, tuple[int, Moving]]] | None:
+    ) -> tuple[list[str], dict[str, tuple[int, bytes]]] | None:
         """For a failover: the ids of the sessions that live here, and a snapshot (last chunk,
-        (bytes, codec)) of each whose last chunk differs from ``since`` (what the caller already
+        bytes) of each whose last chunk differs from ``since`` (what the caller already
         holds). A session that cannot be snapshotted now is left for the next round. None: this
         replica's engine thread has died (its process lives on, its sessions cannot step)."""
         server = self._server()
@@ -280,7 +271,7 @@ class Replica:
         live = [s for s in manager.sessions() if not s.status.is_finished and s.keep]
         if self.draining:  # its sessions are held for the move: their checkpoints stay as they are
             return [s.id for s in live], {}
-        fresh: dict[str, tuple[int, Moving]] = {}
+        fresh: dict[str, tuple[int, bytes]] = {}
         for s in live:
             if since.get(s.id) == s.last_chunk:
                 continue
@@ -289,7 +280,7 @@ class Replica:
             except Exception as exc:  # closed meanwhile, or held by a drain
                 log.debug("= session %s not checkpointed: %s", s.id, exc)
                 continue
-            fresh[s.id] = (chunk, (data, server.codec_of(s)))
+            fresh[s.id] = (chunk, data)
         return [s.id for s in live], fresh
 
     async def undrain(self) -> None:
