@@ -307,7 +307,13 @@ def test_a_replica_that_dies_in_a_loop_is_restarted_a_bounded_number_of_times(
 
     async def kill() -> None:
         ray.kill(cluster.replicas[name], no_restart=True)
-        await cluster.suspect(name)
+        # ray.kill returns before the actor is gone: until then it still answers `load` (alive),
+        # as a relay's or the checkpoint round's next suspicion would find it later.
+        for _ in range(100):
+            await cluster.suspect(name)
+            if name not in cluster.replicas:
+                return
+            await asyncio.sleep(0.1)
 
     with caplog.at_level("ERROR", logger="web.cluster.control"):
         running.call(kill())
