@@ -151,6 +151,10 @@ class SimResult:
     player_world_pos: np.ndarray  # (N+1, 2) float64 player centre (x, y) in world units
     backdrops: np.ndarray | None = None  # (N+1, H, W, 3) uint8 the frames without the player and ring
     rings: np.ndarray | None = None  # (N+1,) bool the space ring is shown (with backdrops)
+    terrains: np.ndarray | None = None  # (N+1, H, W, 3) uint8 the terrain alone (with backdrops)
+    # (N+1, C, 2) int64: every creature's drawn top-left pixel (x, y) in frame pixels, in view or
+    # not (with backdrops): where a frame's creature squares start, a creature layer's labels
+    creature_corners: np.ndarray | None = None
 
 
 def _value_noise(rng: np.random.Generator, n: int, cell: float) -> np.ndarray:
@@ -402,6 +406,13 @@ class Game:
         self._require_world()
         return self._creatures + self.config.creature_size / 2.0
 
+    def creature_corners(self) -> np.ndarray:
+        """(C, 2) int64: the pixel (x, y) of the current frame where each creature's square
+        starts, as `render` draws it (outside the frame for creatures out of view)."""
+        s = self.config.scale
+        cx, cy = self.camera
+        return np.ceil((self._creatures - (cx, cy)) * s - 0.5).astype(np.int64)
+
     @property
     def ring_shown(self) -> bool:
         """Whether the current frame shows the space ring."""
@@ -450,13 +461,16 @@ def simulate(
     world: World | None = None,
 ) -> SimResult:
     """Run the game for ``seed`` through ``actions``; see ``SimResult`` for the frame indexing.
-    ``layers``: also record every frame without the player and whether its ring is shown;
+    ``layers``: also record every frame without the player, whether its ring is shown, the
+    terrain alone and the creatures' corners;
     ``world``: play this map in place of the seed's (``Game.reset``)."""
     game = Game(config)
     frames = [game.reset(seed, world)]
     screen = [game.player_screen_pos]
     world = [game.player_world_pos]
     backdrops = [game.render(player=False)] if layers else []
+    terrains = [game.terrain()] if layers else []
+    corners = [game.creature_corners()] if layers else []
     rings = [game.ring_shown]
     for keys in actions:
         frames.append(game.step(keys))
@@ -465,10 +479,14 @@ def simulate(
         rings.append(game.ring_shown)
         if layers:
             backdrops.append(game.render(player=False))
+            terrains.append(game.terrain())
+            corners.append(game.creature_corners())
     return SimResult(
         frames=np.stack(frames),
         player_pos=np.array(screen, dtype=np.float64),
         player_world_pos=np.array(world, dtype=np.float64),
         backdrops=np.stack(backdrops) if layers else None,
         rings=np.array(rings) if layers else None,
+        terrains=np.stack(terrains) if layers else None,
+        creature_corners=np.stack(corners) if layers else None,
     )

@@ -28,7 +28,13 @@ import numpy as np
 from models.causal_wan import ActionConfig, CausalWanConfig
 from models.game import FPS, KEYS, Game, GameConfig
 from models.sampler import FlowSchedule
-from models.tiny_world.fast_decoder import PHASE_CHANNELS, SPRITE_CHANNELS, SPRITE_SCALE, FastAEConfig
+from models.tiny_world.fast_decoder import (
+    CREATURE_CHANNELS,
+    PHASE_CHANNELS,
+    SPRITE_CHANNELS,
+    SPRITE_SCALE,
+    FastAEConfig,
+)
 from models.tiny_world.marker import MarkerConfig
 from models.tiny_world.motion_head import MotionHead
 from models.world import WorldConfig
@@ -42,21 +48,27 @@ WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 ATLAS_TILES = 64
 
 
-def ae_config(tiled: bool = False, sprite: bool = False) -> FastAEConfig:
+def ae_config(tiled: bool = False, sprite: bool = False, creatures: bool = False) -> FastAEConfig:
     """Per-frame latents: 8x spatial, 8 channels (a 64x64 frame -> 8x8x8), no temporal mixing.
 
     `tiled`: tile-aligned latents instead (`FastAEConfig.frame_size`): 8 channels per cell of the
     game's 8-px tile grid on a canvas two cells wider than the frame on every side (12x12 cells),
     every cell encoded and drawn from its own pixels, plus 4 phase channels -> 12x12x12.
     `sprite` (with `tiled`): the player and its ring in 3 more channels, drawn in view
-    coordinates over the cells -> 12x12x15. The codebook that tile-aligned latents snap flat
-    cells to (`FastAutoencoder.snap_cells`) starts empty: the recipe's `ae` stage fits it on the
-    training frames once the autoencoder is trained (`models.tiny_world.training.codebook`).
+    coordinates over the cells -> 12x12x15. `creatures` (with `tiled`): the wandering creatures
+    in 3 more channels per cell, drawn on the canvas over the cells -> 12x12x18. The codebook that
+    tile-aligned latents snap flat cells to (`FastAutoencoder.snap_cells`) starts empty: the
+    recipe's `ae` stage fits it on the training frames once the autoencoder is trained
+    (`models.tiny_world.training.codebook`).
     """
     return FastAEConfig(
-        latent_channels=8 + (PHASE_CHANNELS if tiled else 0) + (SPRITE_CHANNELS if sprite else 0),
+        latent_channels=8
+        + (PHASE_CHANNELS if tiled else 0)
+        + (SPRITE_CHANNELS if sprite else 0)
+        + (CREATURE_CHANNELS if creatures else 0),
         frame_size=SIZE if tiled else 0,
         sprite=sprite,
+        creatures=creatures,
         spatial=8,
         temporal=1,
         first_is_single=False,
@@ -131,10 +143,22 @@ def marker_config(ae: FastAEConfig) -> MarkerConfig:
     )
 
 
-def carried_channels(place: bool = False, view: bool = False) -> tuple[int, ...]:
-    """The channels a DiT trained with `--sf-place-start` / `--sf-view-start` carries from the
-    history's latest frame."""
-    return tuple(sorted((place_channels() if place else ()) + (view_channels() if view else ())))
+def creature_channels() -> tuple[int, ...]:
+    """The latent channels of the creature layer (`ae_config(tiled=True, sprite=True,
+    creatures=True)`): after all the others."""
+    cs = ae_config(tiled=True, sprite=True, creatures=True).creature_slice
+    return tuple(range(cs.start, cs.stop))
+
+
+def carried_channels(place: bool = False, view: bool = False, creatures: bool = False) -> tuple[int, ...]:
+    """The channels a DiT trained with `--sf-place-start` / `--sf-view-start` /
+    `--sf-creature-start` carries from the history's latest frame."""
+    chosen = (
+        (place_channels() if place else ())
+        + (view_channels() if view else ())
+        + (creature_channels() if creatures else ())
+    )
+    return tuple(sorted(chosen))
 
 
 def atlas_tiles(motion: MotionHead | None) -> int:

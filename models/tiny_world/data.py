@@ -8,6 +8,8 @@ An episode is one world (a seed) played for N frames by `random_policy(seed, N)`
     players (N+1, 2)        the player's centre (x, y) on screen in frame pixels (own-world targets)
     backdrops (N+1, H, W, 3), rings (N+1,)   with `layers`: the frames without the player and its
                             ring, and whether the ring is shown (a sprite layer's targets)
+    terrains (N+1, H, W, 3), creatures (N+1, C, 2)   with `layers`: the terrain alone and where
+                            each creature's square starts in the frame (a creature layer's targets)
     actions (N+1, width)    row i: the keys that *produced* frame i (row 0 is idle), laid out as
                             the model's action rows [key multi-hot in KEYS order | mouse dx, dy = 0]
 
@@ -47,6 +49,8 @@ class Episodes:
     players: np.ndarray  # (E, N+1, 2) float32 player centre (x, y) on screen per frame, frame pixels
     backdrops: np.ndarray | None = None  # (E, N+1, H, W, 3) uint8 frames without the player (layers)
     rings: np.ndarray | None = None  # (E, N+1) bool the space ring is shown (layers)
+    terrains: np.ndarray | None = None  # (E, N+1, H, W, 3) uint8 the terrain alone (layers)
+    creatures: np.ndarray | None = None  # (E, N+1, C, 2) int64 creatures' drawn top-left px (layers)
 
     def __len__(self) -> int:
         return self.frames.shape[0]
@@ -83,6 +87,8 @@ def make_episodes(
     players = np.empty((len(seeds), n_actions + 1, 2), dtype=np.float32)
     backdrops = np.empty_like(frames) if layers else None
     rings = np.empty((len(seeds), n_actions + 1), dtype=bool) if layers else None
+    terrains = np.empty_like(frames) if layers else None
+    creatures: list[np.ndarray] = []
     for i, seed in enumerate(tqdm(seeds, desc="simulate", unit="ep", disable=not progress)):
         keys = random_policy(int(seed), n_actions, **(policy or {}))
         sim = simulate(int(seed), keys, config, layers=layers)
@@ -91,7 +97,8 @@ def make_episodes(
         cameras[i] = sim_cameras(sim, config)
         players[i] = sim.player_pos
         if layers:
-            backdrops[i], rings[i] = sim.backdrops, sim.rings
+            backdrops[i], rings[i], terrains[i] = sim.backdrops, sim.rings, sim.terrains
+            creatures.append(sim.creature_corners)
     seeds_arr = np.asarray(seeds, dtype=np.int64)
     return Episodes(
         frames=frames,
@@ -101,4 +108,6 @@ def make_episodes(
         players=players,
         backdrops=backdrops,
         rings=rings,
+        terrains=terrains,
+        creatures=np.stack(creatures) if layers else None,
     )

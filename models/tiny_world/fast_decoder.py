@@ -49,6 +49,14 @@ channels, the same in every cell, hold its centre in view pixels (relative to th
 `SpriteDecoder` draws it over the cells' view, the same drawing wherever it is. Why (issue 11):
 on the canvas the player's pixels move to other cells at every step of the phase, and a model
 that otherwise only copies cells lost it within a few frames; here it is three numbers.
+
+Creature layer (`creatures`, tile-aligned mode only): small squares that walk the map (the game's
+creatures) are kept out of the cells too. Three more channels per cell, last, say whether a
+creature's square starts in that cell and at which pixel of it (`CreatureNet` reads them off a
+canvas; `CreatureDecoder` draws a learned bitmap there, on the canvas, before the crop). Why
+(issue 41): a creature crosses up to four cells, each of which drew only the part it held whole,
+so the round trip kept a third of a creature's pixels and the model lost them within a chunk;
+here a creature is one cell's three numbers, and it moves with the map when the anchor does.
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ PHASE_CHANNELS = 4  # tile-aligned latents: cos, sin of the x phase, then of the
 SPRITE_CHANNELS = 3  # sprite mode: the sprite's centre x, y from the frame's centre, its state
 SPRITE_SCALE = 4.0  # view pixels per unit of the sprite's raw position channels
 SPRITE_REACH = 8  # view pixels from its centre within which the sprite is drawn
+CREATURE_CHANNELS = 3  # creature layer: per cell, a creature starts here (+-1), where in it (x, y)
+CREATURE_SCALE = 2.0  # canvas pixels per unit of a creature's raw offset channels
 # A generated cell whose pixels in view vary less than this (std, [-1, 1] units, worst channel)
 # is a flat tile to `canonical` and is snapped to the codebook; a cell holding part of a creature
 # varies far more (see the model card's snap measurements).
@@ -92,6 +102,9 @@ class FastAEConfig:
     latents_std: list[float] = field(default_factory=list)  # per channel; [] = 1 (set after training)
     frame_size: int = 0  # > 0: tile-aligned latents of frames this many px square (module docstring)
     sprite: bool = False  # tile-aligned mode: one sprite drawn in view coordinates, not in cells
+    # tile-aligned mode: creatures (small squares that walk the map) drawn from 3 per-cell channels
+    # over the cells, not by them (`CreatureNet`, `CreatureDecoder`)
+    creatures: bool = False
     # tile-aligned mode: the flat tile colours (RGB 0-255) that `canonical` snaps to, a codebook
     # fit on training frames (models/tiny_world/training/codebook.py); [] = no snapping
     codebook: list[list[int]] = field(default_factory=list)
@@ -116,11 +129,12 @@ class FastAEConfig:
                     "tile-aligned latents need frame_size % spatial == 0 and one frame per latent"
                 )
             if self.cell_channels < 1:
-                raise ValueError(
-                    f"tile-aligned latents need more than {PHASE_CHANNELS + self.sprite_channels} channels"
-                )
-        elif self.sprite or self.codebook:
-            raise ValueError("a sprite layer or a codebook needs tile-aligned latents (frame_size > 0)")
+                layers = PHASE_CHANNELS + self.sprite_channels + self.creature_channels
+                raise ValueError(f"tile-aligned latents need more than {layers} channels")
+        elif self.sprite or self.creatures or self.codebook:
+            raise ValueError(
+                "a sprite or creature layer or a codebook needs tile-aligned latents (frame_size > 0)"
+            )
         if any(len(c) != 3 or not all(0 <= v <= 255 for v in c) for c in self.codebook):
             raise ValueError("codebook colours are RGB triples in 0..255")
 
@@ -141,10 +155,16 @@ class FastAEConfig:
         return SPRITE_CHANNELS if self.sprite else 0
 
     @property
+    def creature_channels(self) -> int:
+        """Channels of the creature layer (0 without one)."""
+        return CREATURE_CHANNELS if self.creatures else 0
+
+    @property
     def cell_channels(self) -> int:
-        """Channels of the encoder's cells (all but the phase and sprite channels in tile-aligned
-        mode, which follow the cells in that order)."""
-        return self.latent_channels - (PHASE_CHANNELS + self.sprite_channels if self.frame_size else 0)
+        """Channels of the encoder's cells (all but the phase, sprite and creature channels in
+        tile-aligned mode, which follow the cells in that order)."""
+        layers = PHASE_CHANNELS + self.sprite_channels + self.creature_channels
+        return self.latent_channels - (layers if self.frame_size else 0)
 
     @property
     def phase_slice(self) -> slice:
@@ -154,7 +174,13 @@ class FastAEConfig:
     @property
     def sprite_slice(self) -> slice:
         """Where the sprite channels lie (empty without a sprite layer)."""
-        return slice(self.cell_channels + PHASE_CHANNELS, self.latent_channels)
+        start = self.cell_channels + PHASE_CHANNELS
+        return slice(start, start + self.sprite_channels)
+
+    @property
+    def creature_slice(self) -> slice:
+        """Where the creature channels lie (empty without a creature layer): last."""
+        return slice(self.latent_channels - self.creature_channels, self.latent_channels)
 
     @property
     def layout(self) -> FrameLayout:
@@ -389,6 +415,107 @@ class SpriteDecoder(nn.Module):
         return frames + layer[:, :1] * (layer[:, 1:] - frames)
 
 
+class CreatureNet(nn.Module):
+    """Creature mode: canvases (N, 4, S, S) (`place`: the frame's pixels and where it lies) ->
+    logits (N, g, g, s*s) that a creature's square starts at each pixel of each s x s cell (a
+    cell's "none" is a fixed 0 logit). Three 5x5 convs see 6 px on every side, enough to place
+    the corner of a creature that the view's edge cuts down to one column."""
+
+    def __init__(self, s: int, width: int = 16) -> None:
+        super().__init__()
+        self.s = s
+        self.net = nn.Sequential(
+            nn.Conv2d(4, width, 5, padding=2),
+            nn.SiLU(),
+            nn.Conv2d(width, width, 5, padding=2),
+            nn.SiLU(),
+            nn.Conv2d(width, 1, 5, padding=2),
+        )
+
+    def forward(self, canvas: torch.Tensor) -> torch.Tensor:
+        e = self.net(canvas)[:, 0]  # (N, S, S)
+        n, size, s = e.shape[0], e.shape[-1], self.s
+        g = size // s
+        return e.view(n, g, s, g, s).permute(0, 1, 3, 2, 4).reshape(n, g, g, s * s)
+
+    def read(self, canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, g, g) bool: a creature starts in the cell; (N, 2, g, g) long: at which pixel
+        (x, y) of it."""
+        best, i = self(canvas).max(dim=-1)
+        return best > 0, torch.stack([i % self.s, i // self.s], dim=1)
+
+
+class CreatureDecoder(nn.Module):
+    """Creature mode: a learned bitmap (opacity logit and colour, `bitmap` px square) drawn on
+    the canvas with its top-left corner where each cell's creature starts, over the cells'
+    drawing, so a creature looks the same wherever it is and crosses cells whole. Creatures
+    belong to the map, so they are drawn before the crop (the sprite, which belongs to the
+    view, after it)."""
+
+    gain = SpriteDecoder.gain  # the bitmaps are stored divided by it, as the sprite's are
+
+    def __init__(self, bitmap: int = 8) -> None:
+        super().__init__()
+        self.bitmap = nn.Parameter(torch.zeros(4, bitmap, bitmap))
+
+    def forward(self, canvas: torch.Tensor, present: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Canvases (N, 3, S, S) with a creature drawn at every cell where `present` (N, g, g)
+        bool, starting at pixel `offsets` (N, 2, g, g) long of the cell."""
+        rows, cy, cx = present.nonzero(as_tuple=True)
+        if not len(rows):
+            return canvas
+        n, _, size, _ = canvas.shape
+        s, b = size // present.shape[-1], self.bitmap.shape[-1]
+        bm = self.bitmap * self.gain
+        alpha = torch.sigmoid(bm[:1])
+        kernel = torch.cat([alpha, alpha * bm[1:]]).to(canvas.dtype)  # (4, b, b): opacity, colour
+        xs = (cx * s + offsets[rows, 0, cy, cx].clamp(0, s - 1)).tolist()
+        ys = (cy * s + offsets[rows, 1, cy, cx].clamp(0, s - 1)).tolist()
+        # A few creatures a frame: pasting each costs far less than a transposed convolution.
+        layer = canvas.new_zeros(n, 4, size + b, size + b)
+        for r, x, y in zip(rows.tolist(), xs, ys, strict=True):
+            layer[r, :, y : y + b, x : x + b] = layer[r, :, y : y + b, x : x + b] + kernel
+        layer = layer[:, :, :size, :size]
+        a = layer[:, :1]
+        # Two squares overlapping sum their opacities: draw the overlap once, in their mean colour.
+        scale = 1.0 / a.clamp(min=1.0)
+        return canvas * (1 - a * scale) + layer[:, 1:] * scale
+
+
+def creature_channels(present: torch.Tensor, offsets: torch.Tensor, s: int) -> torch.Tensor:
+    """(N, g, g) bool and (N, 2, g, g) long (`CreatureNet.read`) -> the raw creature channels
+    (N, 3, g, g): +-1, then the offset from the cell's middle / CREATURE_SCALE where one starts
+    (0 elsewhere)."""
+    on = present.to(torch.float32)[:, None]
+    pos = (offsets.to(torch.float32) - (s - 1) / 2) / CREATURE_SCALE * on
+    return torch.cat([on * 2 - 1, pos], dim=1)
+
+
+def read_creatures(channels: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw creature channels (N, 3, g, g) -> (N, g, g) bool and (N, 2, g, g) long offsets in
+    [0, s), rounded (a generated latent's are never exact)."""
+    c = channels.float()
+    offsets = torch.round(c[:, 1:] * CREATURE_SCALE + (s - 1) / 2).long().clamp(0, s - 1)
+    return c[:, 0] > 0, offsets
+
+
+def corner_cells(
+    corners: torch.Tensor, pos: torch.Tensor, g: int, s: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where creatures' squares start, (N, K, 2) long (x, y) in view pixels, on canvases of g x g
+    cells whose view's top-left corner lies at `pos` (N, 2) -> `CreatureNet.read`'s form. Corners
+    off the canvas are left out; of two in one cell, one is kept."""
+    px = corners.long() + pos[:, None].long()  # (N, K, 2) canvas pixels
+    inside = ((px >= 0) & (px < g * s)).all(dim=-1)  # (N, K)
+    rows, k = inside.nonzero(as_tuple=True)
+    cell, off = px[rows, k] // s, px[rows, k] % s  # (M, 2) each
+    present = torch.zeros(corners.shape[0], g, g, dtype=torch.bool, device=corners.device)
+    offsets = torch.zeros(corners.shape[0], 2, g, g, dtype=torch.long, device=corners.device)
+    present[rows, cell[:, 1], cell[:, 0]] = True
+    offsets[rows, :, cell[:, 1], cell[:, 0]] = off
+    return present, offsets
+
+
 def sprite_channels(
     centre: torch.Tensor, state: torch.Tensor, size: int, hw: tuple[int, int]
 ) -> torch.Tensor:
@@ -500,6 +627,8 @@ class FastAutoencoder(nn.Module):
         self.phase = PhaseNet(cfg.spatial) if tiled else None
         self.sprite_net = SpriteNet() if cfg.sprite else None
         self.sprite_decoder = SpriteDecoder() if cfg.sprite else None
+        self.creature_net = CreatureNet(cfg.spatial) if cfg.creatures else None
+        self.creature_decoder = CreatureDecoder(cfg.spatial) if cfg.creatures else None
         mean = cfg.latents_mean or [0.0] * c
         std = cfg.latents_std or [1.0] * c
         self.register_buffer("latents_mean", torch.tensor(mean).view(c, 1, 1, 1))
@@ -513,18 +642,24 @@ class FastAutoencoder(nn.Module):
         self.cfg.latents_std = [float(v) for v in std.flatten()]
 
     def encode_raw(
-        self, video: torch.Tensor, offsets: torch.Tensor | None = None, sprites: torch.Tensor | None = None
+        self,
+        video: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        sprites: torch.Tensor | None = None,
+        creatures: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """video (B, 3, T, H, W) in [-1, 1] -> raw latents (B, C, n, h, w), n = latent frames of T.
 
         Tile-aligned mode: `offsets` (B, T, 2) are the frames' sub-tile offsets when known (the
         simulator's camera modulo the tile); None reads them off the frames (`PhaseNet`). With a
         sprite layer, `sprites` (B, T, 3) are the sprites' centres (x, y) in view pixels and
-        states (0/1) when known; None reads them (`SpriteNet`).
+        states (0/1) when known; None reads them (`SpriteNet`). With a creature layer,
+        `creatures` (B, T, K, 2) are where each creature's square starts, in view pixels, when
+        known (creatures off the canvas are left out); None reads them (`CreatureNet`).
         """
         cfg = self.cfg
         if cfg.frame_size:
-            return self._encode_tiled(video, offsets, sprites)
+            return self._encode_tiled(video, offsets, sprites, creatures)
         b, _, t_len, hh, ww = video.shape
         tf = cfg.temporal
         if tf > 1:
@@ -541,7 +676,11 @@ class FastAutoencoder(nn.Module):
         return z.transpose(1, 2)  # (B, C, n, h, w)
 
     def _encode_tiled(
-        self, video: torch.Tensor, offsets: torch.Tensor | None, sprites: torch.Tensor | None
+        self,
+        video: torch.Tensor,
+        offsets: torch.Tensor | None,
+        sprites: torch.Tensor | None,
+        creatures: torch.Tensor | None,
     ) -> torch.Tensor:
         cfg = self.cfg
         b, _, t_len, hh, ww = video.shape
@@ -552,6 +691,9 @@ class FastAutoencoder(nn.Module):
         parts = [cells, phase_channels(off, s, (g, g)).to(cells.dtype)]
         if cfg.sprite:
             parts.append(self._sprite_raw(frames, sprites, (g, g)).to(cells.dtype))
+        if cfg.creatures:
+            corners = None if creatures is None else creatures.reshape(frames.shape[0], -1, 2)
+            parts.append(self._creature_raw(frames, off + 2 * s, g, corners).to(cells.dtype))
         z = torch.cat(parts, dim=1)
         return z.view(b, t_len, -1, g, g).transpose(1, 2)
 
@@ -566,6 +708,19 @@ class FastAutoencoder(nn.Module):
             flat = sprites.reshape(-1, 3).long()
             centre, state = flat[:, :2], flat[:, 2] > 0
         return sprite_channels(centre, state, self.cfg.frame_size, hw)
+
+    def _creature_raw(
+        self, frames: torch.Tensor, pos: torch.Tensor, g: int, corners: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Raw creature channels (N, 3, g, g) of frames (N, 3, H, W) whose top-left corners lie
+        at `pos` (N, 2) on canvases of g x g cells: from `corners` (N, K, 2) when given, else
+        read off the frames."""
+        s = self.cfg.spatial
+        if corners is None:
+            present, offsets = self.creature_net.read(place(frames, pos, g * s))
+        else:
+            present, offsets = corner_cells(corners, pos, g, s)
+        return creature_channels(present, offsets, s)
 
     def _cells(self, frames: torch.Tensor, pos: torch.Tensor, g: int) -> torch.Tensor:
         cfg = self.cfg
@@ -583,21 +738,29 @@ class FastAutoencoder(nn.Module):
         return self.quant(self.encoder(torch.zeros(1, 4, s, s, device=p.device, dtype=p.dtype)))[0]
 
     def encode_wide(
-        self, frames: torch.Tensor, offsets: torch.Tensor, sprites: torch.Tensor | None = None
+        self,
+        frames: torch.Tensor,
+        offsets: torch.Tensor,
+        sprites: torch.Tensor | None = None,
+        creatures: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Frames (N, 3, H, W) in [-1, 1] at sub-tile offsets (N, 2) -> normalised cells
         (N, C-4, g+2, g+2) of their own anchor's canvas grown by a cell on every side (the sprite
-        channels after the cells, `sprites` as in `encode_raw`), from which `at_anchor` cuts the
-        frame's latents on a neighbouring anchor."""
+        and creature channels after the cells, `sprites` and `creatures` (N, K, 2) as in
+        `encode_raw`), from which `at_anchor` cuts the frame's latents on a neighbouring anchor."""
         cfg = self.cfg
         g = cfg.canvas_cells + 2
-        cells = self._cells(frames, offsets.long() + 3 * cfg.spatial, g)
+        pos = offsets.long() + 3 * cfg.spatial
+        cells = self._cells(frames, pos, g)
+        parts = [cells]
         if cfg.sprite:
-            cells = torch.cat([cells, self._sprite_raw(frames, sprites, (g, g)).to(cells.dtype)], dim=1)
-        k, sp = cfg.cell_channels, cfg.sprite_slice
-        mean = torch.cat([self.latents_mean[:k], self.latents_mean[sp]])[:, 0]  # all but the phase's
-        std = torch.cat([self.latents_std[:k], self.latents_std[sp]])[:, 0]
-        return (cells - mean) / std
+            parts.append(self._sprite_raw(frames, sprites, (g, g)).to(cells.dtype))
+        if cfg.creatures:
+            parts.append(self._creature_raw(frames, pos, g, creatures).to(cells.dtype))
+        k = cfg.cell_channels
+        mean = torch.cat([self.latents_mean[:k], self.latents_mean[cfg.phase_slice.stop :]])[:, 0]
+        std = torch.cat([self.latents_std[:k], self.latents_std[cfg.phase_slice.stop :]])[:, 0]
+        return (torch.cat(parts, dim=1) - mean) / std  # all but the phase's
 
     def at_anchor(self, wide: torch.Tensor, offsets: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         """Normalised latents (N, C, g, g) of frames (`encode_wide` cells (N, C-4, g+2, g+2), their
@@ -627,6 +790,14 @@ class FastAutoencoder(nn.Module):
         d = self.anchor_moves(z).repeat_interleave(n, dim=0)
         fill = (self.fill_cell() - mean[:k]) / std[:k]
         cells = shift_cells(flat[:, :k], d, fill)
+        extra = []
+        if cfg.creatures:
+            # Creatures belong to the map: their cells move with the anchor like the terrain's.
+            cs = cfg.creature_slice
+            none = (z.new_tensor([-1.0, 0.0, 0.0]).view(3, 1, 1) - mean[cs]) / std[cs]  # no creature
+            moved = shift_cells(flat[:, cs], d, none) * std[cs] + mean[cs]
+            raw = creature_channels(*read_creatures(moved, s), s).to(z.dtype)
+            extra.append((raw - mean[cs]) / std[cs])
         if cfg.codebook:
             raw = self.snap_cells(cells * std[:k] + mean[:k], phase - s * d + 2 * s)
             cells = (raw - mean[:k]) / std[:k]
@@ -635,7 +806,7 @@ class FastAutoencoder(nn.Module):
             centre, state = read_sprite(flat[:, sp] * std[sp] + mean[sp], cfg.frame_size)
             raw = sprite_channels(centre, state, cfg.frame_size, (h, w)).to(z.dtype)
             parts.append((raw - mean[sp]) / std[sp])
-        return torch.cat(parts, dim=1).view(b, n, -1, h, w).transpose(1, 2)
+        return torch.cat(parts + extra, dim=1).view(b, n, -1, h, w).transpose(1, 2)
 
     def read_phases(self, z: torch.Tensor) -> torch.Tensor:
         """Normalised latent frames (N, C, h, w) -> where each view lies on its canvas (N, 2) long
@@ -692,11 +863,16 @@ class FastAutoencoder(nn.Module):
         return self.quant(self.encoder(torch.cat([pixels * cover, cover], dim=1)))
 
     def encode_float(
-        self, video: torch.Tensor, offsets: torch.Tensor | None = None, sprites: torch.Tensor | None = None
+        self,
+        video: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        sprites: torch.Tensor | None = None,
+        creatures: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """video (B, 3, T, H, W) in [-1, 1] -> normalised latents (B, C, n, h, w) (`offsets`,
-        `sprites`: see `encode_raw`)."""
-        return (self.encode_raw(video, offsets, sprites) - self.latents_mean) / self.latents_std
+        `sprites`, `creatures`: see `encode_raw`)."""
+        raw = self.encode_raw(video, offsets, sprites, creatures)
+        return (raw - self.latents_mean) / self.latents_std
 
     def decode_raw(
         self, z: torch.Tensor, history: torch.Tensor | None = None, first: bool = True
@@ -727,12 +903,15 @@ class FastAutoencoder(nn.Module):
             video = video[:, :, tf - 1 :]  # the first latent frame keeps only its last video frame
         return video
 
-    def decode_layers(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tile-aligned mode: raw latent frames (N, C, h, w) -> the view of the cells alone and the
-        frames with the sprite drawn over it, (N, 3, H, W) each in [-1, 1] (not clamped; without
-        a sprite layer the two are the same)."""
+    def decode_layers(self, flat: torch.Tensor, creatures: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tile-aligned mode: raw latent frames (N, C, h, w) -> the view of the cells (and the
+        creatures over them; `creatures` False: the cells alone) and the frames with the sprite
+        drawn over that, (N, 3, H, W) each in [-1, 1] (not clamped; without a sprite layer the
+        two are the same)."""
         cfg = self.cfg
         canvas = self.decoder(flat[:, : cfg.cell_channels])  # (N, 3, S, S)
+        if cfg.creatures and creatures:
+            canvas = self.creature_decoder(canvas, *read_creatures(flat[:, cfg.creature_slice], cfg.spatial))
         pos = read_phase(flat[:, cfg.phase_slice], cfg.spatial) + 2 * cfg.spatial
         backdrop = crop(canvas, pos, cfg.frame_size)
         if not cfg.sprite:

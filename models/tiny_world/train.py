@@ -9,7 +9,9 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              decoder tolerates the DiT's small errors; then per-channel latent statistics. With
              `ae_sprite` (tile-aligned only) the cells learn the frame without the player (the
              simulator's layers) and the sprite layer draws the player and its ring over them,
-             their place in the latents taken from the game
+             their place in the latents taken from the game. With `ae_creatures` the cells
+             learn the terrain alone and a creature layer draws the creatures over them (where
+             each square starts, from the game; a small net learns to read it off a frame)
     latents  every episode frame encoded once, with its action row and camera (DIR/latents.safetensors)
     dit      the causal DiT by flow matching on clips of 1 + clip_chunks * chunk_frames latent
              frames, teacher-forced (CausVid): one sequence holds a clean copy of the clip and a
@@ -148,8 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--init-from",
         type=Path,
         default=None,
-        help="experiments: start at the sf stage from an exported model directory (e.g. the shipped "
-        "weights); sf2 and sf3 follow unless their steps are 0",
+        help="start at the sf stage from an exported model directory (e.g. the shipped weights); sf2 "
+        "and sf3 follow unless their steps are 0. With --ae-creatures true and a directory without a "
+        "creature layer: first tune the layer in (the ae stage, ae_steps; the DiT and motion head widened)",
     )
     parser.add_argument(
         "--export-only",

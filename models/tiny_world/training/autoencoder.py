@@ -10,7 +10,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from models.game import GameConfig
 from models.tiny_world import SIZE
+from models.tiny_world.fast_decoder import corner_cells, place
 from models.tiny_world.training.codebook import fit_codebook, flat_colours
 from models.tiny_world.training.config import lr_at
 
@@ -25,6 +27,8 @@ class AutoencoderStage:
         offsets = self.frame_offsets(eps.cameras)  # (E*(N+1), 2) or None
         sprites = self.frame_sprites(eps.players, eps.rings)  # (E*(N+1), 3) or None
         backdrops = None if sprites is None else eps.backdrops.reshape(-1, SIZE, SIZE, 3)
+        creatures = self.frame_creatures(eps.creatures)  # (E*(N+1), K, 2) or None
+        terrains = None if creatures is None else eps.terrains.reshape(-1, SIZE, SIZE, 3)
         cells = ae.cfg.cell_channels
         ae.train()
         bar = tqdm(total=c.ae_steps, initial=self.step, desc="autoencoder", disable=not self.progress)
@@ -34,10 +38,11 @@ class AutoencoderStage:
             x = x.permute(0, 3, 1, 2)[:, :, None]  # (B, 3, 1, H, W)
             off = None if offsets is None else offsets[idx][:, None]  # (B, 1, 2)
             spr = None if sprites is None else sprites[idx][:, None]  # (B, 1, 3)
-            z = ae.encode_raw(x, off, spr)
+            crs = None if creatures is None else creatures[idx][:, None]  # (B, 1, K, 2)
+            z = ae.encode_raw(x, off, spr, crs)
             rel = torch.rand(z.shape[0], 1, 1, 1, 1, generator=self.gen) * c.ae_latent_noise
             noise = torch.randn(z.shape, generator=self.gen)
-            noise[:, cells:] = 0.0  # phase and sprite channels stay exact: they place what is drawn
+            noise[:, cells:] = 0.0  # phase, sprite and creature channels stay exact: they place what is drawn
             zn = z + rel * z[:, :cells].detach().std() * noise
             extra: dict[str, float] = {}
             if spr is None:
@@ -57,6 +62,14 @@ class AutoencoderStage:
                 extra["sprite_acc"] = (
                     ((heat.argmax(1) == where) & ((state > 0) == (on > 0))).float().mean().item()
                 )
+            if crs is not None:
+                # The cells draw the terrain alone; the creature layer draws the creatures over it.
+                terrain = ae.decode_layers(zn[:, :, 0], creatures=False)[0]
+                target = torch.from_numpy(terrains[idx]).float().div(127.5).sub(1.0).permute(0, 3, 1, 2)
+                loss = loss + (terrain - target).abs().mean() + (terrain - target).pow(2).mean()
+                ce, acc = self.creature_read_loss(x[:, :, 0], off[:, 0], crs[:, 0])
+                loss = loss + ce
+                extra["creature_acc"] = acc
             l1 = (rec - x).abs().mean()
             mse = (rec - x).pow(2).mean()
             loss = loss + l1 + mse + c.ae_l2 * z[:, :cells].pow(2).mean()
@@ -84,9 +97,14 @@ class AutoencoderStage:
                 return False
         bar.close()
         ae.eval()
-        self.set_latent_stats(frames, offsets, sprites)
-        self.fit_codebook(frames, offsets)
-        self.stage, self.step = "dit", 0
+        if self.tune_creatures:
+            # Statistics and codebook stay: the DiT, the motion head and the prior read them.
+            self.stage = "sf"
+            self.begin_sf()
+        else:
+            self.set_latent_stats(frames, offsets, sprites)
+            self.fit_codebook(frames, offsets)
+            self.stage, self.step = "dit", 0
         self.checkpoint()
         return True
 
@@ -107,6 +125,32 @@ class AutoencoderStage:
         centre = torch.from_numpy(np.rint(players).astype(np.int64))
         ring = torch.from_numpy(rings.astype(np.int64))[..., None]
         return torch.cat([centre, ring], dim=-1).reshape(-1, 3)
+
+    def frame_creatures(self, corners: np.ndarray | None) -> torch.Tensor | None:
+        """With a creature layer: every frame's creatures' drawn top-left pixels (N, K, 2) long
+        (corners (..., K, 2)); None without a creature layer or without recorded corners."""
+        if not self.ae.cfg.creatures or corners is None:
+            return None
+        return torch.from_numpy(corners.astype(np.int64)).reshape(-1, *corners.shape[-2:])
+
+    def creature_read_loss(
+        self, frames: torch.Tensor, offsets: torch.Tensor, corners: torch.Tensor
+    ) -> tuple[torch.Tensor, float]:
+        """The `CreatureNet`'s loss on frames (B, 3, H, W) at sub-tile offsets (B, 2) whose
+        creatures start at `corners` (B, K, 2): per cell, a cross-entropy over "none" and its
+        pixels, against the creatures that show in the frame (one off the view cannot be read);
+        and the share of cells read right."""
+        cfg = self.ae.cfg
+        s, g = cfg.spatial, cfg.canvas_cells
+        side = GameConfig(size=SIZE).creature_size * GameConfig(size=SIZE).scale  # labels from the game
+        shows = ((corners > -side) & (corners < SIZE)).all(dim=-1, keepdim=True)
+        far = torch.full_like(corners, -10 * g * s)  # off any canvas: left out
+        present, where = corner_cells(torch.where(shows, corners, far), offsets + 2 * s, g, s)
+        logits = self.ae.creature_net(place(frames, offsets + 2 * s, g * s))  # (B, g, g, s*s)
+        logits = torch.cat([logits.new_zeros(*logits.shape[:-1], 1), logits], dim=-1)
+        target = torch.where(present, 1 + where[:, 1] * s + where[:, 0], 0)
+        ce = nn.functional.cross_entropy(logits.flatten(0, 2), target.flatten())
+        return ce, (logits.argmax(-1) == target).float().mean().item()
 
     def fit_codebook(self, frames: np.ndarray, offsets: torch.Tensor | None, n: int = 4096) -> None:
         """Tile-aligned latents: fit the autoencoder's codebook (`FastAEConfig.codebook`) on the
@@ -129,8 +173,8 @@ class AutoencoderStage:
         sprites: torch.Tensor | None = None,
         n: int = 4096,
     ) -> None:
-        """Per-channel mean/std of the raw latents of `n` frames (fixed sample); the sprite
-        channels keep their raw scale (mean 0, std 1), whose units the decoder rounds to."""
+        """Per-channel mean/std of the raw latents of `n` frames (fixed sample); the sprite and
+        creature channels keep their raw scale (mean 0, std 1), whose units the decoder rounds to."""
         n = min(n, frames.shape[0])
         idx = np.random.default_rng(self.cfg.seed + 1).integers(0, frames.shape[0], size=n)
         x = torch.from_numpy(frames[idx]).float().div(127.5).sub(1.0).permute(0, 3, 1, 2)[:, :, None]
@@ -150,6 +194,6 @@ class AutoencoderStage:
         # A channel constant over the sample (the phase, when no sampled frame's camera moved)
         # keeps its raw scale: dividing by a zero std would make every latent inf or NaN.
         std = torch.where(std > 1e-6, std, torch.ones_like(std))
-        sp = self.ae.cfg.sprite_slice
-        mean[sp], std[sp] = 0.0, 1.0
+        for layer in (self.ae.cfg.sprite_slice, self.ae.cfg.creature_slice):
+            mean[layer], std[layer] = 0.0, 1.0
         self.ae.set_normalisation(mean, std)

@@ -13,7 +13,16 @@ SF_STAGES = ("sf", "sf2", "sf3")
 
 # Settings whose default changed the recipe when they were added: their value before, so a run
 # checkpointed before them resumes (and exports) as it was started.
-ABSENT = {"sf2_steps": 0, "sf3_steps": 0, "sf3_release_blocked": False, "motion_steps": 0, "terrain_steps": 0}
+ABSENT = {
+    "sf2_steps": 0,
+    "sf3_steps": 0,
+    "sf3_release_blocked": False,
+    "motion_steps": 0,
+    "terrain_steps": 0,
+    "ae_creatures": False,
+    "sf_creature_start": False,
+    "creature_weight": 1.0,
+}
 
 
 @dataclass
@@ -33,6 +42,9 @@ class TrainConfig:
     ae_l2: float = 1e-4  # weight of mean(z^2), pins the latent scale
     ae_tiled: bool = True  # tile-aligned latents (`ae_config(tiled=True)`), phases from the game's camera
     ae_sprite: bool = True  # with ae_tiled: the player and its ring drawn in view coordinates, not in cells
+    # with ae_tiled: the wandering creatures drawn from a per-cell layer (where a square starts),
+    # not by the cells (`FastAEConfig.creatures`); the cells are trained on the terrain alone
+    ae_creatures: bool = True
     # with ae_tiled: entries of the codebook fit on the training frames' flat cells once the
     # autoencoder is trained (`models.tiny_world.training.codebook`): a hyper-parameter (the game
     # draws its terrain in 8 shades, which the fit recovers), not a constant read from the game
@@ -84,6 +96,12 @@ class TrainConfig:
     # the latest frame's place on the map, not from a random one (a drawn place jitters by a
     # pixel now and then, and the jitter random-walks the idle view away; model card, AM).
     sf_view_start: bool = False
+    # Likewise the creature layer's channels (with ae_creatures): a chunk's creatures start from
+    # where the latest frame has them, so the model moves them on rather than drawing them anew.
+    sf_creature_start: bool = True
+    # Weight of the creature layer's channels in every DiT stage's flow loss: a creature is a few
+    # of a frame's 144 cells, and a cell that loses it loses the whole creature.
+    creature_weight: float = 4.0
     # A second self-forced phase, `sf2` (0 steps: none): from the sf stage's EMA, `sf2_steps` more
     # steps with the sf stage's settings, except the view carried and the jitter centred as below
     # (model card, AP-AR: carried from the dit stage's EMA instead, AQ, the view costs the scroll).

@@ -3,6 +3,7 @@ stages use (`regrid`, `deepen`, `with_marker`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -140,6 +141,27 @@ def with_marker(dit: CausalWan, marker: MarkerConfig) -> CausalWan:
     return out
 
 
+def widen(dit: CausalWan, channels: int) -> CausalWan:
+    """A copy of `dit` over latents with `channels` (more than its own): the new channels come
+    last, read with zero weights and written as zero flow, so with them carried from the latest
+    frame (`carry`) the copy leaves them as they were and computes what `dit` does elsewhere."""
+    old = dit.cfg.in_channels
+    if channels <= old or dit.cfg.out_channels != old:
+        raise ValueError(f"cannot widen a DiT of {old} latent channels to {channels}")
+    out = CausalWan(replace(dit.cfg, in_channels=channels, out_channels=channels), dit.input_features)
+    state = dict(dit.state_dict())
+    w = state["patch_embedding.weight"]  # (D, C [+ input features], pt, ph, pw)
+    pad = w.new_zeros(w.shape[0], channels - old, *w.shape[2:])
+    state["patch_embedding.weight"] = torch.cat([w[:, :old], pad, w[:, old:]], dim=1)
+    patch = math.prod(dit.cfg.patch_size)
+    for name in ("proj_out.weight", "proj_out.bias"):  # rows: (patch position, channel)
+        p = state[name].view(patch, old, *state[name].shape[1:])
+        zeros = p.new_zeros(patch, channels - old, *p.shape[2:])
+        state[name] = torch.cat([p, zeros], dim=1).flatten(0, 1)
+    out.load_state_dict(state)
+    return out
+
+
 class DiTStage:
     """The trainer's `dit` stage and the flow-matching step every DiT stage takes (a part of `Trainer`)."""
 
@@ -239,10 +261,17 @@ class DiTStage:
         phase = self.ae.cfg.phase_slice if self.ae.cfg.frame_size else None
         if phase is not None:
             self.phase_log = {"phase_loss": err[:, phase].mean().item()}
+        if self.ae.cfg.creatures:
+            # Over the cells that hold a creature only: the others are nearly all of them, and easy.
+            cs = self.ae.cfg.creature_slice
+            held = (x0[:, cs.start : cs.start + 1, 1:] > 0).expand_as(err[:, cs])
+            self.phase_log["creature_loss"] = err[:, cs][held].mean().item() if held.any() else 0.0
         phase_weight = self.sf_config().sf_phase_weight if self.stage in SF_STAGES else 1.0
-        if phase_weight != 1.0:
+        creature_weight = c.creature_weight if self.ae.cfg.creatures else 1.0
+        if phase_weight != 1.0 or creature_weight != 1.0:
             scale = torch.ones(err.shape[1])
             scale[phase] = phase_weight
+            scale[self.ae.cfg.creature_slice] = creature_weight
             err = err * scale[:, None, None, None]
         if c.loss_weight == "x0":
             err = err * sig_n_f[:, None, :, None, None].pow(2)

@@ -26,7 +26,7 @@ class LatentData:
             c = self.cfg
             seeds = list(range(c.world_seed_base, c.world_seed_base + c.episodes))
             self.episodes = make_episodes(
-                seeds, c.episode_frames, SIZE, progress=self.progress, layers=c.ae_sprite
+                seeds, c.episode_frames, SIZE, progress=self.progress, layers=c.ae_sprite or c.ae_creatures
             )
         return self.episodes
 
@@ -77,8 +77,9 @@ class LatentData:
                     return tensors, tensors.pop("blurred", None)
         first = c.world_seed_base + c.episodes
         seeds = list(range(first, first + c.sf_focus_episodes))
+        layers = c.ae_sprite or c.ae_creatures
         eps = make_episodes(
-            seeds, c.episode_frames, SIZE, progress=self.progress, policy=FOCUS_POLICY, layers=c.ae_sprite
+            seeds, c.episode_frames, SIZE, progress=self.progress, policy=FOCUS_POLICY, layers=layers
         )
         tensors = self.encode_episodes(eps)
         if blur:
@@ -110,42 +111,49 @@ class LatentData:
         c = self.cfg
         self.ae.eval()
         out = []
-        for frames, cams, sprites in self.each_episode(eps, "encode blurred"):
+        for frames, cams, sprites, creatures in self.each_episode(eps, "encode blurred"):
             frames = frames.permute(0, 3, 1, 2)  # (N+1, 3, H, W)
             n = frames.shape[0]
             soft = gaussian_blur(frames, 0.5 + torch.rand(n, generator=gen) * (c.sf_blur_max - 0.5))
             if c.sf_jitter > 0:
                 gain = 1.0 + c.sf_jitter * torch.randn(n, 3, 1, 1, generator=gen)
                 soft = (soft * gain + c.sf_jitter * torch.randn(n, 3, 1, 1, generator=gen)).clamp(-1.0, 1.0)
-            out.append(self.encode_frames(soft.permute(0, 2, 3, 1), cams, sprites))
+            out.append(self.encode_frames(soft.permute(0, 2, 3, 1), cams, sprites, creatures))
         return torch.stack(out)
 
     def each_episode(
         self, eps: Episodes, desc: str
-    ) -> Iterator[tuple[torch.Tensor, np.ndarray, torch.Tensor | None]]:
-        """Every episode's frames (N+1, H, W, 3) in [-1, 1], cameras (N+1, 2) and sprites
-        (`frame_sprites`), with a progress bar."""
+    ) -> Iterator[tuple[torch.Tensor, np.ndarray, torch.Tensor | None, torch.Tensor | None]]:
+        """Every episode's frames (N+1, H, W, 3) in [-1, 1], cameras (N+1, 2), sprites
+        (`frame_sprites`) and creatures (`frame_creatures`), with a progress bar."""
         rings = eps.rings if eps.rings is not None else [None] * len(eps)
-        for ep, cams, players, ring in tqdm(
-            zip(eps.frames, eps.cameras, eps.players, rings, strict=True),
+        corners = eps.creatures if eps.creatures is not None else [None] * len(eps)
+        for ep, cams, players, ring, corner in tqdm(
+            zip(eps.frames, eps.cameras, eps.players, rings, corners, strict=True),
             desc=desc,
             unit="ep",
             total=len(eps),
             disable=not self.progress,
         ):
-            yield torch.from_numpy(ep).float() / 127.5 - 1.0, cams, self.frame_sprites(players, ring)
+            frames = torch.from_numpy(ep).float() / 127.5 - 1.0
+            yield frames, cams, self.frame_sprites(players, ring), self.frame_creatures(corner)
 
     @torch.no_grad()
     def encode_frames(
-        self, frames: torch.Tensor, cameras: np.ndarray, sprites: torch.Tensor | None = None
+        self,
+        frames: torch.Tensor,
+        cameras: np.ndarray,
+        sprites: torch.Tensor | None = None,
+        creatures: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One episode's frames (N+1, H, W, 3) in [-1, 1], cameras (N+1, 2) and sprites (None:
-        read off the frames) -> normalised latents (N+1, C, h, w) float16; tile-aligned latents:
+        """One episode's frames (N+1, H, W, 3) in [-1, 1], cameras (N+1, 2), sprites and
+        creatures (None: read off the frames) -> normalised latents (N+1, C, h, w) float16;
+        tile-aligned latents:
         the cells around each frame's own anchor (`encode_wide`, its offset from the camera) that
         `clip_latents` cuts clips from."""
         off = self.frame_offsets(cameras)
         if off is not None:
-            return self.ae.encode_wide(frames.permute(0, 3, 1, 2), off, sprites).half()
+            return self.ae.encode_wide(frames.permute(0, 3, 1, 2), off, sprites, creatures).half()
         z = self.ae.encode_float(frames.permute(3, 0, 1, 2)[None])  # from (1, 3, N+1, H, W)
         return z[0].transpose(0, 1).half()
 

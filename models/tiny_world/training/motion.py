@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,22 @@ class MotionLabels:
     place_before: torch.Tensor  # (S, n, 2): the player's likewise
     effective: torch.Tensor  # (S, n, keys) float: the key did something in that frame
     keys: torch.Tensor  # (S, n, keys) float: the keys held in that frame
+
+
+def widen_head(head: MotionHead, channels: int) -> MotionHead:
+    """A copy of `head` over latents with `channels` (more than its own, the new ones last) that
+    reads the new channels with zero weights: it plans exactly as `head` does."""
+    old = head.cfg.in_channels
+    if channels <= old:
+        raise ValueError(f"cannot widen a motion head of {old} latent channels to {channels}")
+    out = MotionHead(replace(head.cfg, in_channels=channels))
+    state = dict(head.state_dict())
+    w = state["convs.0.weight"]  # (width, C + marker, 3, 3)
+    state["convs.0.weight"] = torch.cat(
+        [w[:, :old], w.new_zeros(w.shape[0], channels - old, *w.shape[2:]), w[:, old:]], 1
+    )
+    out.load_state_dict(state)
+    return out
 
 
 def motion_labels(

@@ -115,7 +115,7 @@ class SelfForcingStage:
         if stage not in SF_STAGES:
             return ()
         c = self.sf_config(stage)
-        return carried_channels(c.sf_place_start, c.sf_view_start)
+        return carried_channels(c.sf_place_start, c.sf_view_start, c.sf_creature_start)
 
     def sf_arch(self, dit: CausalWan) -> CausalWan | None:
         """The sf stage's DiT made from `dit` when `sf_patch` / `sf_window` (`regrid`) or

@@ -23,10 +23,10 @@ from models.tiny_world.plugin import served_plugin
 from models.tiny_world.terrain_prior import TerrainPrior
 from models.tiny_world.training.autoencoder import AutoencoderStage
 from models.tiny_world.training.config import SF_STAGES, STAGES, TrainConfig
-from models.tiny_world.training.dit import DiTStage, with_marker
+from models.tiny_world.training.dit import DiTStage, widen, with_marker
 from models.tiny_world.training.heads import AuxHeads, FrameCritic
 from models.tiny_world.training.latents import LatentData
-from models.tiny_world.training.motion import MotionStage, motion_config
+from models.tiny_world.training.motion import MotionStage, motion_config, widen_head
 from models.tiny_world.training.prior import PriorStage, terrain_config
 from models.tiny_world.training.self_forcing import SelfForcingStage
 from models.world import World
@@ -64,8 +64,12 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         self.elapsed = 0.0  # training seconds over all sessions of this run
         self._t0 = time.monotonic()
         torch.manual_seed(cfg.seed)
-        if cfg.ae_sprite and not cfg.ae_tiled:
-            raise SystemExit("--ae-sprite needs --ae-tiled true")
+        if (cfg.ae_sprite or cfg.ae_creatures) and not cfg.ae_tiled:
+            raise SystemExit("--ae-sprite and --ae-creatures need --ae-tiled true")
+        if cfg.sf_creature_start and not cfg.ae_creatures:
+            raise SystemExit("--sf-creature-start needs a creature layer (--ae-creatures true)")
+        if cfg.creature_weight <= 0:
+            raise SystemExit("--creature-weight: a loss weight > 0")
         # Checked before any stage runs, so a run does not train for an hour to stop at its last.
         if cfg.sf_steps and (cfg.sf_sprite_jitter or cfg.sf_place_start) and not cfg.ae_sprite:
             raise SystemExit(
@@ -97,7 +101,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
                 raise SystemExit(f"--marker names a stage this run trains {stages}, not {cfg.marker!r}")
             if not cfg.ae_sprite:
                 raise SystemExit("--marker needs a sprite layer (--ae-sprite true; or --marker '')")
-        self.ae = FastAutoencoder(ae_config(cfg.ae_tiled, cfg.ae_sprite))
+        self.ae = FastAutoencoder(ae_config(cfg.ae_tiled, cfg.ae_sprite, cfg.ae_creatures))
         self.dit = CausalWan(dit_config(self.ae.cfg.latent_channels))
         self.ema = CausalWan(dit_config(self.ae.cfg.latent_channels))
         self.ema.load_state_dict(self.dit.state_dict())
@@ -119,6 +123,9 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         self.phase_log: dict[str, float] = {}  # the last step's unweighted loss on the phase channels
         self.motion: MotionHead | None = None  # the `motion` stage's motion head, once trained
         self.terrain: TerrainPrior | None = None  # the `terrain` stage's prior, once trained
+        self.tune_creatures = (
+            False  # the `ae` stage adds a creature layer to a trained model (`add_creatures`)
+        )
 
     def log(self, record: dict) -> None:
         with self.log_path.open("a") as f:
@@ -138,6 +145,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
                 "ae": self.ae.state_dict(),
                 "ae_cfg": self.ae.cfg.to_dict(),
                 "ae_opt": self.ae_opt.state_dict(),
+                "tune_creatures": self.tune_creatures,
                 "dit": self.dit.state_dict(),
                 "ema": self.ema.state_dict(),
                 "dit_cfg": self.ema.cfg.to_dict(),
@@ -168,6 +176,9 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         if mean:
             self.ae.set_normalisation(torch.tensor(mean), torch.tensor(std))
         self.ae.cfg.codebook = FastAEConfig.from_dict(state["ae_cfg"]).codebook
+        self.tune_creatures = state.get("tune_creatures", False)
+        if self.tune_creatures:
+            self.freeze_for_creatures()
         self.ae_opt.load_state_dict(state["ae_opt"])
         ema = self.ema
         if "dit_cfg" in state:
@@ -218,7 +229,8 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
 
     def init_from(self, model_dir: Path) -> None:
         """Take the autoencoder and the DiT of an exported model directory (e.g. the shipped
-        weights, which are the `dit` stage's EMA) and start at the `sf` stage."""
+        weights) and start at the `sf` stage. A run with a creature layer (`ae_creatures`) from
+        a directory without one starts with `add_creatures` instead."""
         from models.registry import load_world
 
         world = load_world(model_dir)
@@ -227,6 +239,14 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
                 f"{model_dir}: its latents are {'' if world.decoder.ae.cfg.frame_size else 'not '}"
                 f"tile-aligned; pass --ae-tiled {str(not self.cfg.ae_tiled).lower()}"
             )
+        if world.decoder.ae.cfg.creatures != self.ae.cfg.creatures:
+            if not self.ae.cfg.creatures:
+                raise SystemExit(
+                    f"{model_dir}: its autoencoder has a creature layer; pass --ae-creatures true"
+                )
+            self.add_creatures(world)
+            self.log({"init_from": str(model_dir), "add_creatures": True})
+            return
         self.ae.load_state_dict(world.decoder.ae.state_dict())
         ae_cfg = world.decoder.ae.cfg
         self.ae.set_normalisation(torch.tensor(ae_cfg.latents_mean), torch.tensor(ae_cfg.latents_std))
@@ -237,6 +257,46 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         self.stage = "sf"
         self.begin_sf()
         self.log({"init_from": str(model_dir)})
+
+    def add_creatures(self, world: World) -> None:
+        """Start from `world` (a model without a creature layer) at the `ae` stage, tuning only
+        the layer in: the autoencoder keeps its weights, statistics and codebook, its cell
+        decoder, phase and sprite parts frozen (so its latents mean what the DiT learned they
+        mean), while the cell encoder learns to leave the creatures to the new layer; then the
+        `sf` stage. The DiT and the motion head are widened to the new channels (`widen`,
+        `widen_head`: exactly the old models until trained), the terrain prior kept."""
+        src = world.decoder.ae
+        state = {k: v for k, v in src.state_dict().items() if not k.startswith("latents_")}
+        missing = self.ae.load_state_dict(state, strict=False).missing_keys
+        if any(not k.startswith(("latents_", "creature_")) for k in missing):
+            raise SystemExit(f"the autoencoder to add creatures to lacks {missing}")
+        n = self.ae.cfg.creature_channels
+        self.ae.set_normalisation(
+            torch.cat([torch.tensor(src.cfg.latents_mean), torch.zeros(n)]),
+            torch.cat([torch.tensor(src.cfg.latents_std), torch.ones(n)]),
+        )
+        self.ae.cfg.codebook = src.cfg.codebook
+        channels = self.ae.cfg.latent_channels
+        self.ema = widen(world.transformer, channels).requires_grad_(False)
+        self.dit = CausalWan(self.ema.cfg, self.ema.input_features)
+        self.dit.load_state_dict(self.ema.state_dict())
+        plugin = world.plugin
+        if getattr(plugin, "motion", None) is not None:
+            self.motion = widen_head(plugin.motion, channels)
+        self.terrain = getattr(plugin, "terrain", None)
+        self.tune_creatures = True
+        self.freeze_for_creatures()
+        self.stage, self.step = "ae", 0
+
+    def freeze_for_creatures(self) -> None:
+        """`add_creatures`' autoencoder: all but the cell encoder and the creature layer frozen,
+        and a fresh optimiser over the rest."""
+        ae = self.ae
+        for part in (ae.decoder, ae.phase, ae.sprite_net, ae.sprite_decoder):
+            if part is not None:
+                part.requires_grad_(False)
+        trainable = [p for p in ae.parameters() if p.requires_grad]
+        self.ae_opt = torch.optim.AdamW(trainable, lr=self.cfg.ae_lr, betas=(0.9, 0.99), weight_decay=0.0)
 
     def mark(self) -> None:
         """Give the DiT (and its EMA) the sprite marker (`with_marker`) if the current stage reads

@@ -59,7 +59,9 @@ def _played(seed: int, actions: list, shift: tuple[int, int] | None, start: int)
 
 
 def test_a_world_off_by_a_shift_gets_its_own_frames_as_targets(tmp_path: Path) -> None:
-    cfg = TrainConfig(episodes=4, episode_frames=40, world_seed_base=0)
+    cfg = TrainConfig(
+        episodes=4, episode_frames=40, world_seed_base=0, ae_creatures=False, sf_creature_start=False
+    )
     trainer = Trainer(cfg, tmp_path, None, progress=False)
     trainer.ae = _identity_ae()
     start, f = 8, 17
@@ -87,7 +89,12 @@ def test_a_world_off_by_a_shift_gets_its_own_frames_as_targets(tmp_path: Path) -
 
 
 def test_a_frame_unlike_the_map_is_left_out(tmp_path: Path) -> None:
-    trainer = Trainer(TrainConfig(episodes=1, episode_frames=40), tmp_path, None, progress=False)
+    trainer = Trainer(
+        TrainConfig(episodes=1, episode_frames=40, ae_creatures=False, sf_creature_start=False),
+        tmp_path,
+        None,
+        progress=False,
+    )
     trainer.ae = _identity_ae()
     truth = _unit(_played(0, random_policy(0, 40)[:16], None, 0)).movedim(0, 1)[None]
     hist = truth.clone()

@@ -112,7 +112,7 @@ def test_a_resumed_run_keeps_its_codebook_and_reads_an_older_palette(tmp_path):
     from models.tiny_world.training.config import TrainConfig
     from models.tiny_world.training.trainer import Trainer, save_checkpoint
 
-    cfg = TrainConfig(motion_steps=0, terrain_steps=0)
+    cfg = TrainConfig(motion_steps=0, terrain_steps=0, ae_creatures=False, sf_creature_start=False)
     run = Trainer(cfg, tmp_path, None, progress=False)
     run.ae.cfg.codebook = [[1, 2, 3], [200, 100, 0]]
     run.stage = "dit"  # the `ae` stage fit it

@@ -79,7 +79,8 @@ def test_a_marked_copy_serves_the_original_frames_until_the_marker_has_weight(tm
     world = from_name("tiny-world")
     marker = marker_config(world.decoder.ae.cfg)
     marked = with_marker(world.transformer, marker)
-    assert dit_marker(marked.cfg) == marker and marked.patch_embedding.weight.shape[1] == 15 + 2
+    channels = world.transformer.cfg.in_channels
+    assert dit_marker(marked.cfg) == marker and marked.patch_embedding.weight.shape[1] == channels + 2
     with pytest.raises(ValueError, match="already"):
         with_marker(marked, marker)
     loaded = with_transformer(world, marked, tmp_path / "marked")
@@ -88,7 +89,7 @@ def test_a_marked_copy_serves_the_original_frames_until_the_marker_has_weight(tm
     original, _ = serve_random_policy(world, 1_000_321, 3)
     assert np.abs(served.astype(int) - original.astype(int)).max() <= 1
     # Given weight, the marker changes what the served model draws.
-    loaded.transformer.patch_embedding.weight[:, 15:] = torch.randn(128, 2, 1, 2, 2) * 0.5
+    loaded.transformer.patch_embedding.weight[:, channels:] = torch.randn(128, 2, 1, 2, 2) * 0.5
     changed, _ = serve_random_policy(loaded, 1_000_321, 3)
     assert np.abs(changed.astype(int) - original.astype(int)).max() > 16
 

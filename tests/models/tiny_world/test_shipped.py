@@ -18,7 +18,9 @@ from models.tiny_world import (
     SERVE_STEPS,
     TRAIN_SCHEDULE,
     WEIGHTS_DIR,
+    ae_config,
     atlas_tiles,
+    creature_channels,
     view_channels,
     world_config,
 )
@@ -71,9 +73,14 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     # The motion head reads the latents the DiT makes and plans one chunk's motion.
     assert world.plugin.motion is not None and world.plugin.motion.cfg == motion_config(world.decoder.ae)
     assert world.plugin.motion.cfg.horizon == world.chunk_frames
+    # The creature layer (issue 41): in the autoencoder, the DiT's 18 channels, carried when served.
+    assert cfg.ae_creatures and cfg.sf_creature_start and cfg.creature_weight == 4.0
+    assert world.decoder.ae.cfg.creatures and world.transformer.cfg.in_channels == 18
     trainer = Trainer(cfg, tmp_path, None, progress=False)
-    # Served as its last phase trained: the view's phase carried from the latest frame.
-    assert world.plugin.settings.carry_channels == trainer.carried("sf3") == view_channels()
+    assert trainer.ae.cfg == ae_config(True, True, True) and trainer.dit.cfg == world.transformer.cfg
+    # Served as its last phase trained: the view's phase and the creatures carried from the latest frame.
+    carried = world.plugin.settings.carry_channels
+    assert carried == trainer.carried("sf3") == tuple(sorted(view_channels() + creature_channels()))
     assert world.plugin.settings.atlas_tiles == atlas_tiles(world.plugin.motion) == ATLAS_TILES
     assert world.plugin.remembers
     # Trained on TRAIN_SCHEDULE, served without its 500 step (model card, experiment BM).

@@ -64,7 +64,12 @@ def test_tiled_run_cuts_clips_on_their_anchors_and_serves(tmp_path: Path):
     world = load_world(out / "model")
     assert world.latent_shape == (12, 12, 12)
     trainer = Trainer(
-        TrainConfig(ae_tiled=True, ae_sprite=False, sf_sprite_jitter=0), tmp_path / "t", None, progress=False
+        TrainConfig(
+            ae_tiled=True, ae_sprite=False, sf_sprite_jitter=0, ae_creatures=False, sf_creature_start=False
+        ),
+        tmp_path / "t",
+        None,
+        progress=False,
     )
     trainer.ae = world.decoder.ae
     ae = trainer.ae
@@ -143,7 +148,14 @@ def test_sprite_run_carries_the_games_player_in_its_latents_and_serves(tmp_path:
 
     # History with the sprite moved (`sf_sprite_jitter`): half the eligible clips, one whole-pixel
     # offset of up to 4 px per clip on every frame; the cells, the phase and the ring untouched.
-    cfg = TrainConfig(ae_tiled=True, ae_sprite=True, sf_sprite_jitter=4, sf_blur=0.0)
+    cfg = TrainConfig(
+        ae_tiled=True,
+        ae_sprite=True,
+        sf_sprite_jitter=4,
+        sf_blur=0.0,
+        ae_creatures=False,
+        sf_creature_start=False,
+    )
     trainer = Trainer(cfg, tmp_path / "t", None, progress=False)
     trainer.ae = world.decoder.ae
     b = 32
@@ -198,7 +210,7 @@ def test_carried_channels_are_trained_to_flow_from_the_latest_history_frame(
         flags.update(sf2_steps=1, sf2_view_start=view_start)
     else:  # the DiT stage carries nothing whatever the sf settings
         flags.update(sf_place_start=True, sf_view_start=True)
-    cfg = TrainConfig(ae_tiled=True, ae_sprite=True, **flags)
+    cfg = TrainConfig(ae_tiled=True, ae_sprite=True, ae_creatures=False, sf_creature_start=False, **flags)
     trainer = Trainer(cfg, tmp_path, None, progress=False)
     trainer.stage = stage
     gen = torch.Generator().manual_seed(0)
@@ -233,7 +245,12 @@ def test_latent_statistics_stay_finite_when_the_camera_never_moves(tmp_path: Pat
     """Frames that all lie on one camera phase make the phase channels constant: their std is 0,
     and they keep their raw scale (std 1) so encoded latents stay finite; the cells vary and are
     normalised by their own spread."""
-    trainer = Trainer(TrainConfig(ae_tiled=True, ae_sprite=True), tmp_path, None, progress=False)
+    trainer = Trainer(
+        TrainConfig(ae_tiled=True, ae_sprite=True, ae_creatures=False, sf_creature_start=False),
+        tmp_path,
+        None,
+        progress=False,
+    )
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 256, size=(8, 64, 64, 3), dtype=np.uint8)
     offsets = torch.full((8, 2), 3, dtype=torch.long)

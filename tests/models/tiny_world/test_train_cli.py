@@ -22,6 +22,7 @@ TINY = [
     # tile-aligned recipe (the defaults) pass its flags after these
     "--ae-tiled", "false", "--ae-sprite", "false", "--sf-blur", "0.5", "--sf-sprite-jitter", "0",
     "--sf2-steps", "0", "--motion-steps", "0", "--terrain-steps", "0",
+    "--ae-creatures", "false", "--sf-creature-start", "false",
 ]  # fmt: skip
 
 
@@ -139,9 +140,85 @@ def test_an_sf_stage_the_latents_cannot_serve_stops_before_any_training(flags, m
                 "false",
                 "--ae-sprite",
                 "false",
+                "--ae-creatures",
+                "false",
+                "--sf-creature-start",
+                "false",
                 "--motion-steps",
                 "0",
                 *flags,
             ]
         )
     assert not (tmp_path / "run" / "train_log.jsonl").exists()
+
+
+def test_a_run_with_a_creature_layer_trains_and_serves_its_creatures(tmp_path: Path):
+    """`--ae-creatures`: the autoencoder gets the creature layer (3 more channels, last), the DiT
+    reads and writes them, its loss on them is logged, and with `--sf-creature-start` the served
+    world carries them from the latest frame like the view's phase."""
+    train_tiny(
+        tmp_path / "run",
+        "--ae-tiled", "true", "--ae-sprite", "true", "--ae-creatures", "true", "--sf-blur", "0",
+        "--sf-creature-start", "true", "--sf-view-start", "true", "--creature-weight", "4",
+    )  # fmt: skip
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert any("creature_acc" in r for r in log if r["stage"] == "ae")
+    assert any("creature_loss" in r for r in log if r["stage"] == "sf")
+    world = load_world(tmp_path / "run" / "model")
+    ae = world.decoder.ae
+    assert ae.cfg.creatures and ae.cfg.creature_slice == slice(15, 18)
+    assert world.transformer.cfg.in_channels == world.transformer.cfg.out_channels == 18
+    assert world.plugin.settings.carry_channels == (8, 9, 10, 11, 15, 16, 17)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--ae-tiled", "false", "--ae-sprite", "false", "--ae-creatures", "true", "--motion-steps", "0"],
+            "--ae-creatures need",
+        ),
+        (
+            ["--ae-creatures", "false", "--sf-creature-start", "true"],
+            "--sf-creature-start needs a creature layer",
+        ),
+        (["--ae-creatures", "true", "--creature-weight", "0"], "--creature-weight"),
+    ],
+)
+def test_creature_settings_that_cannot_work_are_refused_up_front(flags, message, tmp_path: Path):
+    with pytest.raises(SystemExit, match=message):
+        main(["--out", str(tmp_path / "run"), *flags])
+    assert not (tmp_path / "run" / "train_log.jsonl").exists()
+
+
+def test_init_from_a_model_without_creatures_tunes_the_layer_in_and_keeps_the_rest(tmp_path: Path):
+    """`--init-from DIR --ae-creatures true`: the `ae` stage trains the creature layer and the cell
+    encoder only (the cell decoder, phase and sprite parts, statistics and codebook stay, so the
+    latents keep their meaning), then the `sf` stage; the DiT and the motion head come out widened."""
+    tiled = ["--ae-tiled", "true", "--ae-sprite", "true", "--sf-blur", "0", "--sf-view-start", "true"]
+    train_tiny(tmp_path / "run", *tiled, "--motion-steps", "2")
+    before = load_world(tmp_path / "run" / "model")
+    assert not before.decoder.ae.cfg.creatures and before.plugin.motion is not None
+    train_tiny(
+        tmp_path / "tuned",
+        *tiled,
+        "--init-from", str(tmp_path / "run" / "model"), "--ae-creatures", "true",
+        "--sf-creature-start", "true", "--motion-steps", "0",
+    )  # fmt: skip
+    log = [json.loads(line) for line in (tmp_path / "tuned" / "train_log.jsonl").read_text().splitlines()]
+    assert any(r.get("add_creatures") for r in log)
+    assert [r["stage"] for r in log if "loss" in r] == ["ae"] * 3 + ["sf"] * 2  # no dit stage
+    after = load_world(tmp_path / "tuned" / "model")
+    old, new = before.decoder.ae, after.decoder.ae
+    assert new.cfg.creatures and new.cfg.codebook == old.cfg.codebook
+    torch.testing.assert_close(new.latents_mean[:15], old.latents_mean)
+    torch.testing.assert_close(new.latents_std[:15], old.latents_std)
+    for part in ("decoder", "phase", "sprite_net", "sprite_decoder"):
+        kept = getattr(old, part).state_dict()
+        for name, value in getattr(new, part).state_dict().items():
+            assert torch.equal(value, kept[name]), f"{part}.{name} changed"
+    assert not torch.equal(new.encoder.net[0].weight, old.encoder.net[0].weight)  # the encoder learned
+    assert after.transformer.cfg.in_channels == 18
+    head = after.plugin.motion.state_dict()["convs.0.weight"]
+    assert head.shape[1] == 20 and not head[:, 15:18].any()  # the widened head reads no creature
+    assert after.plugin.settings.carry_channels == (8, 9, 10, 11, 15, 16, 17)
