@@ -142,7 +142,8 @@ class AutoencoderStage:
         and the share of cells read right."""
         cfg = self.ae.cfg
         s, g = cfg.spatial, cfg.canvas_cells
-        side = GameConfig(size=SIZE).creature_size * GameConfig(size=SIZE).scale  # labels from the game
+        game = GameConfig(size=SIZE)  # the labels come from the game
+        side = game.creature_size * game.scale
         shows = ((corners > -side) & (corners < SIZE)).all(dim=-1, keepdim=True)
         far = torch.full_like(corners, -10 * g * s)  # off any canvas: left out
         present, where = corner_cells(torch.where(shows, corners, far), offsets + 2 * s, g, s)

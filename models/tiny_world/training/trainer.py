@@ -123,9 +123,8 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         self.phase_log: dict[str, float] = {}  # the last step's unweighted loss on the phase channels
         self.motion: MotionHead | None = None  # the `motion` stage's motion head, once trained
         self.terrain: TerrainPrior | None = None  # the `terrain` stage's prior, once trained
-        self.tune_creatures = (
-            False  # the `ae` stage adds a creature layer to a trained model (`add_creatures`)
-        )
+        # True: the `ae` stage adds a creature layer to a trained model (`add_creatures`).
+        self.tune_creatures = False
 
     def log(self, record: dict) -> None:
         with self.log_path.open("a") as f:
@@ -265,6 +264,10 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         mean), while the cell encoder learns to leave the creatures to the new layer; then the
         `sf` stage. The DiT and the motion head are widened to the new channels (`widen`,
         `widen_head`: exactly the old models until trained), the terrain prior kept."""
+        if self.cfg.sf_steps <= 0:
+            raise SystemExit(
+                "adding a creature layer to a model trains its DiT in the sf stage: --sf-steps must be > 0"
+            )
         src = world.decoder.ae
         state = {k: v for k, v in src.state_dict().items() if not k.startswith("latents_")}
         missing = self.ae.load_state_dict(state, strict=False).missing_keys

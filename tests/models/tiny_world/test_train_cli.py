@@ -222,3 +222,14 @@ def test_init_from_a_model_without_creatures_tunes_the_layer_in_and_keeps_the_re
     head = after.plugin.motion.state_dict()["convs.0.weight"]
     assert head.shape[1] == 20 and not head[:, 15:18].any()  # the widened head reads no creature
     assert after.plugin.settings.carry_channels == (8, 9, 10, 11, 15, 16, 17)
+
+
+def test_adding_creatures_without_an_sf_stage_is_refused(tmp_path: Path):
+    # Without a self-forced stage the widened DiT would be served without its channels carried.
+    train_tiny(tmp_path / "run", "--ae-tiled", "true", "--ae-sprite", "true", "--sf-blur", "0")
+    with pytest.raises(SystemExit, match="--sf-steps must be > 0"):
+        train_tiny(
+            tmp_path / "tuned",
+            "--ae-tiled", "true", "--ae-sprite", "true", "--sf-blur", "0", "--sf-steps", "0",
+            "--init-from", str(tmp_path / "run" / "model"), "--ae-creatures", "true",
+        )  # fmt: skip
