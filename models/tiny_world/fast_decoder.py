@@ -687,13 +687,14 @@ class FastAutoencoder(nn.Module):
         frames = video.transpose(1, 2).reshape(-1, 3, hh, ww)  # (B*T, 3, H, W)
         off = self.phase.offsets(frames) if offsets is None else offsets.reshape(-1, 2).long()
         g, s = cfg.canvas_cells, cfg.spatial
-        cells = self._cells(frames, off + 2 * s, g)
+        canvas = self._canvas(frames, off + 2 * s, g)
+        cells = self.quant(self.encoder(canvas))
         parts = [cells, phase_channels(off, s, (g, g)).to(cells.dtype)]
         if cfg.sprite:
             parts.append(self._sprite_raw(frames, sprites, (g, g)).to(cells.dtype))
         if cfg.creatures:
             corners = None if creatures is None else creatures.reshape(frames.shape[0], -1, 2)
-            parts.append(self._creature_raw(frames, off + 2 * s, g, corners).to(cells.dtype))
+            parts.append(self._creature_raw(canvas, off + 2 * s, corners).to(cells.dtype))
         z = torch.cat(parts, dim=1)
         return z.view(b, t_len, -1, g, g).transpose(1, 2)
 
@@ -710,25 +711,27 @@ class FastAutoencoder(nn.Module):
         return sprite_channels(centre, state, self.cfg.frame_size, hw)
 
     def _creature_raw(
-        self, frames: torch.Tensor, pos: torch.Tensor, g: int, corners: torch.Tensor | None
+        self, canvas: torch.Tensor, pos: torch.Tensor, corners: torch.Tensor | None
     ) -> torch.Tensor:
-        """Raw creature channels (N, 3, g, g) of frames (N, 3, H, W) whose top-left corners lie
-        at `pos` (N, 2) on canvases of g x g cells: from `corners` (N, K, 2) when given, else
-        read off the frames."""
+        """Raw creature channels (N, 3, g, g) of canvases (N, 4, S, S) (`_canvas`) whose view's
+        top-left corner lies at `pos` (N, 2): from `corners` (N, K, 2) when given, else read off
+        the canvases."""
         s = self.cfg.spatial
         if corners is None:
-            present, offsets = self.creature_net.read(place(frames, pos, g * s))
+            present, offsets = self.creature_net.read(canvas)
         else:
-            present, offsets = corner_cells(corners, pos, g, s)
+            present, offsets = corner_cells(corners, pos, canvas.shape[-1] // s, s)
         return creature_channels(present, offsets, s)
 
-    def _cells(self, frames: torch.Tensor, pos: torch.Tensor, g: int) -> torch.Tensor:
+    def _canvas(self, frames: torch.Tensor, pos: torch.Tensor, g: int) -> torch.Tensor:
+        """Frames (N, 3, H, W) placed on canvases of g x g cells at `pos` (`place`); ValueError
+        for frames of another size."""
         cfg = self.cfg
         if (frames.shape[-2], frames.shape[-1]) != (cfg.frame_size, cfg.frame_size):
             raise ValueError(
                 f"frames are {tuple(frames.shape[-2:])}; this autoencoder is for {cfg.frame_size} square"
             )
-        return self.quant(self.encoder(place(frames, pos, g * cfg.spatial)))
+        return place(frames, pos, g * cfg.spatial)
 
     def fill_cell(self) -> torch.Tensor:
         """Raw cell latents (cell_channels, 1, 1) of a cell no frame pixel falls in (the canvas'
@@ -751,12 +754,13 @@ class FastAutoencoder(nn.Module):
         cfg = self.cfg
         g = cfg.canvas_cells + 2
         pos = offsets.long() + 3 * cfg.spatial
-        cells = self._cells(frames, pos, g)
+        canvas = self._canvas(frames, pos, g)
+        cells = self.quant(self.encoder(canvas))
         parts = [cells]
         if cfg.sprite:
             parts.append(self._sprite_raw(frames, sprites, (g, g)).to(cells.dtype))
         if cfg.creatures:
-            parts.append(self._creature_raw(frames, pos, g, creatures).to(cells.dtype))
+            parts.append(self._creature_raw(canvas, pos, creatures).to(cells.dtype))
         k = cfg.cell_channels
         mean = torch.cat([self.latents_mean[:k], self.latents_mean[cfg.phase_slice.stop :]])[:, 0]
         std = torch.cat([self.latents_std[:k], self.latents_std[cfg.phase_slice.stop :]])[:, 0]

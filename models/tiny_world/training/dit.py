@@ -135,10 +135,16 @@ def with_marker(dit: CausalWan, marker: MarkerConfig) -> CausalWan:
     out = CausalWan(replace(dit.cfg, input_features=marker_spec(marker)), SpriteMarker(marker))
     state = dict(dit.state_dict())
     w = state["patch_embedding.weight"]  # (D, C, 1, ph, pw)
-    pad = w.new_zeros(w.shape[0], MarkerConfig.channels, *w.shape[2:])
-    state["patch_embedding.weight"] = torch.cat([w, pad], dim=1)
+    state["patch_embedding.weight"] = zero_inputs(w, w.shape[1], MarkerConfig.channels)
     out.load_state_dict(state)
     return out
+
+
+def zero_inputs(weight: torch.Tensor, at: int, n: int) -> torch.Tensor:
+    """A layer's weight (out, in, ...) with `n` zero input columns inserted before column `at`:
+    the layer computes what it did for any values of the new inputs."""
+    pad = weight.new_zeros(weight.shape[0], n, *weight.shape[2:])
+    return torch.cat([weight[:, :at], pad, weight[:, at:]], dim=1)
 
 
 def widen(dit: CausalWan, channels: int) -> CausalWan:
@@ -150,9 +156,8 @@ def widen(dit: CausalWan, channels: int) -> CausalWan:
         raise ValueError(f"cannot widen a DiT of {old} latent channels to {channels}")
     out = CausalWan(replace(dit.cfg, in_channels=channels, out_channels=channels), dit.input_features)
     state = dict(dit.state_dict())
-    w = state["patch_embedding.weight"]  # (D, C [+ input features], pt, ph, pw)
-    pad = w.new_zeros(w.shape[0], channels - old, *w.shape[2:])
-    state["patch_embedding.weight"] = torch.cat([w[:, :old], pad, w[:, old:]], dim=1)
+    # (D, C [+ input features], pt, ph, pw): the new channels before any input features
+    state["patch_embedding.weight"] = zero_inputs(state["patch_embedding.weight"], old, channels - old)
     patch = math.prod(dit.cfg.patch_size)
     for name in ("proj_out.weight", "proj_out.bias"):  # rows: (patch position, channel)
         p = state[name].view(patch, old, *state[name].shape[1:])

@@ -148,9 +148,8 @@ class LatentData:
     ) -> torch.Tensor:
         """One episode's frames (N+1, H, W, 3) in [-1, 1], cameras (N+1, 2), sprites and
         creatures (None: read off the frames) -> normalised latents (N+1, C, h, w) float16;
-        tile-aligned latents:
-        the cells around each frame's own anchor (`encode_wide`, its offset from the camera) that
-        `clip_latents` cuts clips from."""
+        tile-aligned latents: the cells around each frame's own anchor (`encode_wide`, its offset
+        from the camera) that `clip_latents` cuts clips from."""
         off = self.frame_offsets(cameras)
         if off is not None:
             return self.ae.encode_wide(frames.permute(0, 3, 1, 2), off, sprites, creatures).half()

@@ -23,6 +23,7 @@ from models.tiny_world.data import KEYS
 from models.tiny_world.fast_decoder import FastAutoencoder
 from models.tiny_world.metrics import KEY_AXES
 from models.tiny_world.motion_head import MotionHead, MotionHeadConfig
+from models.tiny_world.training.dit import zero_inputs
 from models.tiny_world.training.targets import on_anchors
 
 
@@ -53,10 +54,8 @@ def widen_head(head: MotionHead, channels: int) -> MotionHead:
         raise ValueError(f"cannot widen a motion head of {old} latent channels to {channels}")
     out = MotionHead(replace(head.cfg, in_channels=channels))
     state = dict(head.state_dict())
-    w = state["convs.0.weight"]  # (width, C + marker, 3, 3)
-    state["convs.0.weight"] = torch.cat(
-        [w[:, :old], w.new_zeros(w.shape[0], channels - old, *w.shape[2:]), w[:, old:]], 1
-    )
+    # (width, C + marker, 3, 3): the new channels before the marker's
+    state["convs.0.weight"] = zero_inputs(state["convs.0.weight"], old, channels - old)
     out.load_state_dict(state)
     return out
 

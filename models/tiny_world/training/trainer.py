@@ -281,8 +281,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         self.ae.cfg.codebook = src.cfg.codebook
         channels = self.ae.cfg.latent_channels
         self.ema = widen(world.transformer, channels).requires_grad_(False)
-        self.dit = CausalWan(self.ema.cfg, self.ema.input_features)
-        self.dit.load_state_dict(self.ema.state_dict())
+        self.dit = CausalWan(self.ema.cfg, self.ema.input_features)  # `begin_sf` loads the EMA into it
         plugin = world.plugin
         if getattr(plugin, "motion", None) is not None:
             self.motion = widen_head(plugin.motion, channels)
