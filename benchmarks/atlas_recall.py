@@ -81,13 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     carto, (atlas, last, phases) = capture(args.model, args.chunks)
 
     def together(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return carto.recall(part(atlas, slice(0, n)), last[:n], phases[:n])
+        return carto.recall(part(atlas, slice(0, n)), last[:n], phases[:n])[:2]
 
     def one_by_one(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         out = [
             carto.recall(part(atlas, slice(i, i + 1)), last[i : i + 1], phases[i : i + 1]) for i in range(n)
         ]
-        return torch.cat([c for c, _ in out]), torch.cat([m for _, m in out])
+        return torch.cat([c for c, _, _ in out]), torch.cat([m for _, m, _ in out])
 
     a, b = together(SESSIONS), one_by_one(SESSIONS)
     same = bool(torch.equal(a[1], b[1]) and torch.allclose(a[0], b[0], atol=1e-5))

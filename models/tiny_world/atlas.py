@@ -160,14 +160,16 @@ class Cartographer:
     @torch.no_grad()
     def recall(
         self, atlas: Atlas, last: torch.Tensor, phases: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What a batch of sessions' atlases (`Atlas.stack`: B sessions) know of a chunk each draws
         on the anchor of its latest frame `last` (B, C, 1, h, w), whose frames lie at `phases`
         (B, 2, n) px on that canvas: the normalised cell channels (B, k, n, h, w) as the encoder
         writes them for each frame's view, and where they hold (B, 1, n, h, w) bool: remembered
         tiles in that frame's view that the latest frame does not show wholly. With a terrain
         prior, every tile the chunk brings into view that was neither remembered nor begun by the
-        latest frame (whose shade the DiT goes on drawing) is drawn from it (`invent`). The
+        latest frame (whose shade the DiT goes on drawing) is drawn from it (`invent`); the third
+        result is the codebook class (B, g, g) long of each tile so drawn (-1 elsewhere, and
+        everywhere without a prior), where a world meets its creatures (`CreatureHead.born`). The
         sessions run as one batch: a few dozen tensor ops per chunk whatever their number."""
         b, n, g = phases.shape[0], phases.shape[2], self.g
         tiles, sy, sx = self.slots(atlas.origin)  # (B, 2, g, g), (B, g, g) each
@@ -180,10 +182,12 @@ class Cartographer:
         pos = phases.transpose(1, 2).reshape(b * n, 2).to(torch.long) + 2 * self.s
         cover = self.ae.view_cover(pos, g)  # (B n, 1, S, S)
         in_view = (F.max_pool2d(cover, self.s) > 0).view(b, n, g, g)
+        drawn = torch.full((b, g, g), -1, dtype=torch.long, device=kept.device)
         if self.prior is not None:
             fresh = in_view.any(dim=1) & ~known & ~begun
             drawn = self.invent(atlas, last, latest_cover, kept, known, fresh)
-            kept = torch.where(fresh[:, None], drawn, kept)
+            codes = self.codes(tuple(tuple(c) for c in self.ae.cfg.codebook)).to(kept.dtype)  # (K, k)
+            kept = torch.where(fresh[:, None], codes[drawn.clamp(min=0)].movedim(-1, 1), kept)
             known = known | fresh
         raw = kept * self.std[: self.k] + self.mean[: self.k]
         pixels = self.ae.decoder(raw).clamp(-1, 1).repeat_interleave(n, dim=0)  # (B n, 3, S, S)
@@ -193,7 +197,7 @@ class Cartographer:
         whole = self.whole(pos).view(b, n, 1, g, g)
         values = torch.where(whole, kept[:, None], seen.view(b, n, self.k, g, g))
         mask = in_view & known[:, None] & ~shown[:, None]
-        return values.transpose(1, 2).to(last.dtype), mask[:, None]
+        return values.transpose(1, 2).to(last.dtype), mask[:, None], drawn
 
     @torch.no_grad()
     def invent(
@@ -205,11 +209,11 @@ class Cartographer:
         known: torch.Tensor,
         fresh: torch.Tensor,
     ) -> torch.Tensor:
-        """(B, k, g, g) the codes of the `fresh` (B, g, g) tiles of the canvases of a batch of
-        sessions' latest frames `last` (B, C, 1, h, w) (`recall`), drawn from the terrain prior
-        around what each session knows: its atlas' tiles a prior's window around the canvas, the
-        tiles `kept` (B, k, g, g) where `known`, and every flat tile its latest frame shows through
-        `latest_cover`, even in part (its colour). Only the fresh entries are meant to be read."""
+        """(B, g, g) long: the codebook class of each `fresh` (B, g, g) tile of the canvases of a
+        batch of sessions' latest frames `last` (B, C, 1, h, w) (`recall`), drawn from the terrain
+        prior around what each session knows: its atlas' tiles a prior's window around the canvas,
+        the tiles `kept` (B, k, g, g) where `known`, and every flat tile its latest frame shows
+        through `latest_cover`, even in part (its colour); -1 where not fresh."""
         assert self.prior is not None
         r, g, unknown = self.prior.cfg.window // 2, self.g, self.prior.cfg.unknown
         codes = self.codes(tuple(tuple(c) for c in self.ae.cfg.codebook))  # (K, k)
@@ -224,10 +228,8 @@ class Cartographer:
         raw = last[:, : self.k, 0].to(self.std.dtype) * self.std[: self.k] + self.mean[: self.k]
         flat, colour = self.ae.flat_cells(raw, latest_cover)
         region[:, r : r + g, r : r + g] = torch.where(flat[:, 0], self.ae.codebook_index(colour), central)
-        drawn = torch.where(
-            fresh, self.prior.fill(region, fresh, places[..., r : r + g, r : r + g], atlas.salt), 0
-        )
-        return codes[drawn].movedim(-1, 1).to(kept.dtype)
+        drawn = self.prior.fill(region, fresh, places[..., r : r + g, r : r + g], atlas.salt)
+        return torch.where(fresh, drawn, -1)
 
     @staticmethod
     def gather(slots: torch.Tensor, sy: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:

@@ -92,13 +92,18 @@ Stages (one checkpoint file, DIR/ckpt.pt, records the stage and step; --resume c
              models/terrain_prior.py, models/tiny_world/terrain.py): a classifier from a tile's
              neighbourhood as a session knows it to the tile, on the training worlds' maps; the
              atlas draws every tile that comes into view for the first time from it.
-    export   DIR/model: a model directory (worldserve.json + transformer/ + vae/ [+ motion/] [+ terrain/])
-             for load_world
+    creatures the creature head (`creature_steps` > 0, with a creature layer and a terrain prior;
+             models/tiny_world/creature_head.py, models/tiny_world/creatures.py): from the latest
+             frames' creature layers and terrain, each creature's move into every frame of a
+             chunk, labelled by where the episodes' creatures went; and how often a creature is
+             met in a new tile of each class, counted on the training frames.
+    export   DIR/model: a model directory (worldserve.json + transformer/ + vae/ [+ motion/]
+             [+ terrain/] [+ creatures/]) for load_world
 
 This module is the command line; each stage's code is a module of `models.tiny_world.training`:
 `config` (TrainConfig, the recipe), `latents` (data), `autoencoder`, `dit`, `self_forcing` (with
-`clips`, `targets`, `history` and `heads`), `motion`, `prior` (terrain), and `trainer`, which runs
-them in order, checkpoints and exports.
+`clips`, `targets`, `history` and `heads`), `motion`, `prior` (terrain), `creatures`, and
+`trainer`, which runs them in order, checkpoints and exports.
 
 References (read, not copied): CausVid and Self-Forcing (teacher forcing over a block-causal
 mask, few-step flow sampling), Diffusion Forcing (independent per-chunk noise), rectified flow

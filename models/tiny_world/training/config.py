@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-STAGES = ("ae", "dit", "sf", "sf2", "sf3", "motion", "terrain", "done")
+STAGES = ("ae", "dit", "sf", "sf2", "sf3", "motion", "terrain", "creatures", "done")
 
 
 SF_STAGES = ("sf", "sf2", "sf3")
@@ -22,6 +22,7 @@ ABSENT = {
     "ae_creatures": False,
     "sf_creature_start": False,
     "creature_weight": 1.0,
+    "creature_steps": 0,
 }
 
 
@@ -151,6 +152,10 @@ class TrainConfig:
     # The terrain prior (`models.tiny_world.terrain_prior`; models/tiny_world/terrain.py), trained last on the
     # training worlds' maps alone (0 steps, or no atlas: none; the DiT invents new terrain).
     terrain_steps: int = 3000
+    # The creature head (`models.tiny_world.creature_head`; models/tiny_world/creatures.py), trained
+    # last on the episodes' latents and creature tracks (0 steps, no creature layer or no terrain
+    # prior: none; the DiT moves the creatures).
+    creature_steps: int = 4000
     warmup: int = 200  # linear warm-up steps of both optimisers
     ckpt_every: int = 250  # steps between checkpoints
     log_every: int = 50  # steps between log lines

@@ -263,7 +263,7 @@ class MotionStage:
         the served history holds it, labelled by what the episodes did. Records its held-out
         accuracy in the log; always finishes."""
         c = self.cfg
-        self.stage = "motion"  # also when entered from `init_from` (models/tiny_world/motion_cli.py)
+        self.stage = "motion"  # also when entered from `init_from` (models/tiny_world/motion.py)
         t0 = time.monotonic()
         z, acts, cams, players = self.served_latents()
         tr = MotionTraining(steps=c.motion_steps, seed=c.seed)

@@ -157,5 +157,5 @@ class PriorStage:
             maps, self.ae.cfg.codebook, TerrainTrainConfig(steps=c.terrain_steps), seed=c.seed
         )
         self.log({**record, "seconds": round(time.monotonic() - t0, 1), "t": self.total_elapsed()})
-        self.stage, self.step = "done", 0
+        self.stage, self.step = "creatures", 0
         self.checkpoint()

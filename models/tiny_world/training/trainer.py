@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from models.causal_wan import CausalWan, CausalWanConfig
 from models.tiny_world import SIZE, ae_config, dit_config, marker_config, world_config
+from models.tiny_world.creature_head import CreatureHead
 from models.tiny_world.data import Episodes
 from models.tiny_world.fast_decoder import FastAEConfig, FastAutoencoder, FastStreamingDecoder
 from models.tiny_world.marker import dit_features, dit_marker
@@ -23,6 +24,7 @@ from models.tiny_world.plugin import served_plugin
 from models.tiny_world.terrain_prior import TerrainPrior
 from models.tiny_world.training.autoencoder import AutoencoderStage
 from models.tiny_world.training.config import SF_STAGES, STAGES, TrainConfig
+from models.tiny_world.training.creatures import CreatureStage, creature_config
 from models.tiny_world.training.dit import DiTStage, widen, with_marker
 from models.tiny_world.training.heads import AuxHeads, FrameCritic
 from models.tiny_world.training.latents import LatentData
@@ -49,7 +51,9 @@ def set_rng_state(rng: np.random.Generator, gen: torch.Generator, state: dict) -
     gen.set_state(state["torch"])
 
 
-class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionStage, PriorStage):
+class Trainer(
+    LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionStage, PriorStage, CreatureStage
+):
     """Runs the stages in order; every `ckpt_every` steps and at the time limit it checkpoints."""
 
     def __init__(self, cfg: TrainConfig, out: Path, deadline: float | None, progress: bool = True) -> None:
@@ -123,6 +127,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         self.phase_log: dict[str, float] = {}  # the last step's unweighted loss on the phase channels
         self.motion: MotionHead | None = None  # the `motion` stage's motion head, once trained
         self.terrain: TerrainPrior | None = None  # the `terrain` stage's prior, once trained
+        self.creatures: CreatureHead | None = None  # the `creatures` stage's head, once trained
         # True: the `ae` stage adds a creature layer to a trained model (`add_creatures`).
         self.tune_creatures = False
 
@@ -162,6 +167,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
                 ),
                 **({"motion": self.motion.state_dict()} if self.motion is not None else {}),
                 **({"terrain": self.terrain.state_dict()} if self.terrain is not None else {}),
+                **({"creatures": self.creatures.state_dict()} if self.creatures is not None else {}),
             },
         )
 
@@ -208,6 +214,9 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
         if "terrain" in state:
             self.terrain = TerrainPrior(terrain_config(self.ae.cfg.codebook))
             self.terrain.load_state_dict(state["terrain"])
+        if "creatures" in state:
+            self.creatures = CreatureHead(creature_config(self.ae))
+            self.creatures.load_state_dict(state["creatures"])
         set_rng_state(self.rng, self.gen, state["rng"])
 
     def reuse_ae(self, run: Path) -> None:
@@ -335,7 +344,7 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
             self.ema.eval(),
             FastStreamingDecoder(self.ae.eval()),
             start_image=None,
-            plugin=served_plugin(self.carried(last), self.motion, self.terrain),
+            plugin=served_plugin(self.carried(last), self.motion, self.terrain, self.creatures),
         )
         model_dir = self.out / "model"
         save_world(world, model_dir, start_image={"kind": "game", "size": SIZE})
@@ -360,6 +369,8 @@ class Trainer(LatentData, AutoencoderStage, DiTStage, SelfForcingStage, MotionSt
                 self.train_motion()
             if self.stage == "terrain":
                 self.train_terrain()
+            if self.stage == "creatures":
+                self.train_creatures()
             self.export()
             return True
         finally:

@@ -33,7 +33,7 @@ def encode(world, frame: np.ndarray) -> torch.Tensor:
 
 def recall(carto: Cartographer, atlas: Atlas, z: torch.Tensor, phases: torch.Tensor):
     """One session's recall (`Cartographer.recall` reads a batch): (k, n, g, g), (1, n, g, g)."""
-    values, mask = carto.recall(Atlas.stack([atlas]), z[None], phases[None])
+    values, mask, _ = carto.recall(Atlas.stack([atlas]), z[None], phases[None])
     return values[0], mask[0]
 
 
@@ -148,7 +148,7 @@ def test_sessions_recall_together_as_each_would_alone(world):
     q = drawing.phase(other[:, 0][None])[0]
     ahead = torch.stack([q[0] + torch.arange(8, 12), q[1].expand(4)])
     alone = [recall(drawing, walked, z24, back), recall(drawing, drawing.start(other), other, ahead)]
-    values, mask = drawing.recall(
+    values, mask, _ = drawing.recall(
         Atlas.stack([walked, drawing.start(other)]), torch.stack([z24, other]), torch.stack([back, ahead])
     )
     for i, (v, m) in enumerate(alone):

@@ -26,6 +26,7 @@ from models.tiny_world import (
 )
 from models.tiny_world.metrics import KEY_AXES, free_worlds, world_displacement
 from models.tiny_world.training.config import TrainConfig
+from models.tiny_world.training.creatures import creature_config
 from models.tiny_world.training.motion import motion_config
 from models.tiny_world.training.prior import terrain_config
 from models.tiny_world.training.trainer import Trainer
@@ -76,6 +77,10 @@ def test_the_trainers_defaults_build_the_shipped_model(world, tmp_path):
     # The creature layer (issue 41): in the autoencoder, the DiT's 18 channels, carried when served.
     assert cfg.ae_creatures and cfg.sf_creature_start and cfg.creature_weight == 4.0
     assert world.decoder.ae.cfg.creatures and world.transformer.cfg.in_channels == 18
+    # The creature head (issue 41): the `creatures` stage's, walking a chunk's frames.
+    assert cfg.creature_steps == 4000 and world.plugin.creatures is not None
+    assert world.plugin.creatures.cfg == creature_config(world.decoder.ae)
+    assert world.plugin.creatures.cfg.horizon == world.chunk_frames
     trainer = Trainer(cfg, tmp_path, None, progress=False)
     assert trainer.ae.cfg == ae_config(True, True, True) and trainer.dit.cfg == world.transformer.cfg
     # Served as its last phase trained: the view's phase and the creatures carried from the latest frame.

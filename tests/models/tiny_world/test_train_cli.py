@@ -10,8 +10,11 @@ import pytest
 import torch
 
 from models.registry import load_world
+from models.tiny_world.creatures import main as add_creature_head
 from models.tiny_world.train import main
 from models.world import Conditioning
+from runtime.engine import Engine
+from tests.runtime.conftest import committed, keys
 
 TINY = [
     "--episodes", "2", "--episode-frames", "12", "--ae-steps", "3", "--ae-batch", "2",
@@ -22,7 +25,7 @@ TINY = [
     # tile-aligned recipe (the defaults) pass its flags after these
     "--ae-tiled", "false", "--ae-sprite", "false", "--sf-blur", "0.5", "--sf-sprite-jitter", "0",
     "--sf2-steps", "0", "--motion-steps", "0", "--terrain-steps", "0",
-    "--ae-creatures", "false", "--sf-creature-start", "false",
+    "--ae-creatures", "false", "--sf-creature-start", "false", "--creature-steps", "0",
 ]  # fmt: skip
 
 
@@ -171,6 +174,31 @@ def test_a_run_with_a_creature_layer_trains_and_serves_its_creatures(tmp_path: P
     assert world.plugin.settings.carry_channels == (8, 9, 10, 11, 15, 16, 17)
 
 
+def test_a_run_with_creatures_a_motion_head_and_a_terrain_prior_trains_and_serves_a_creature_head(
+    tmp_path: Path,
+):
+    """The `creatures` stage after the terrain prior: its figures are logged and the exported
+    world walks its creatures with the head."""
+    train_tiny(
+        tmp_path / "run",
+        "--ae-tiled", "true", "--ae-sprite", "true", "--ae-creatures", "true", "--sf-blur", "0",
+        "--sf-creature-start", "true", "--sf-view-start", "true", "--motion-steps", "2",
+        "--terrain-steps", "2", "--creature-steps", "2",
+    )  # fmt: skip
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    (record,) = [r for r in log if r["stage"] == "creatures"]
+    assert {"frame_axes_exact", "entries_per_chunk", "creatures_by_class"} <= record.keys()
+    world = load_world(tmp_path / "run" / "model")
+    head = world.plugin.creatures
+    assert head is not None and head.cfg.classes == len(world.decoder.ae.cfg.codebook)
+    saved = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)["creatures"]
+    assert torch.equal(head.births, saved["births"])
+    engine = Engine({"m": world})
+    engine.add_stream("s", "m", Conditioning(seed=5))
+    committed(engine, "s", keys("d"))
+    assert engine.runner.streams["s"].state.plugin_state.trail is not None
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -233,3 +261,10 @@ def test_adding_creatures_without_an_sf_stage_is_refused(tmp_path: Path):
             "--ae-tiled", "true", "--ae-sprite", "true", "--sf-blur", "0", "--sf-steps", "0",
             "--init-from", str(tmp_path / "run" / "model"), "--ae-creatures", "true",
         )  # fmt: skip
+
+
+def test_adding_a_creature_head_to_a_model_without_a_creature_layer_is_refused(tmp_path: Path):
+    train_tiny(tmp_path / "run", "--ae-tiled", "true", "--ae-sprite", "true", "--sf-blur", "0")
+    with pytest.raises(SystemExit, match="no creature layer"):
+        add_creature_head(["--model", str(tmp_path / "run" / "model"), "--no-progress"])
+    assert not (tmp_path / "run" / "model" / "creatures").exists()
