@@ -194,8 +194,11 @@ def test_a_model_directory_with_a_removed_game_rule_fails_to_load(tmp_path, key,
 
 
 def test_a_sessions_atlas_counts_in_the_engines_byte_budget(mapped, plain):
-    atlas = 2 * mapped.plugin.cartographer.nbytes(4)  # the committed version and a chunk's in flight
-    assert mapped.session_bytes() == mapped.kv_bytes_per_session() + atlas
+    # The atlas and the creature trail (3 channels x 2 frames x 12 x 12 fp32), each counted twice:
+    # the committed version and a chunk's in flight.
+    state = mapped.plugin.cartographer.nbytes(4) + 3 * 2 * 12 * 12 * 4
+    assert mapped.plugin.state_bytes() == state
+    assert mapped.session_bytes() == mapped.kv_bytes_per_session() + 2 * state
     assert plain.session_bytes() == plain.kv_bytes_per_session()
     spare_and_padding = 2 * mapped.kv_bytes_per_session()
     engine = Engine({"m": mapped}, max_kv_bytes=spare_and_padding + mapped.session_bytes())

@@ -145,11 +145,12 @@ def test_self_forced_history_is_the_engines_rollout(sink, carry, tmp_path):
     from models.world import Conditioning
 
     shipped_carry = from_name("tiny-world").plugin.settings.carry_channels
-    # The trainer's rollouts draw every tile themselves: the world is served here without the
-    # terrain prior, whose draws the atlas pins (the tiles shown never come back in these chunks).
+    # The trainer's rollouts draw every tile and creature themselves: the world is served here
+    # without the terrain prior, whose draws the atlas pins (the tiles shown never come back in
+    # these chunks), and without the creature head, whose walk is pinned likewise.
     shutil.copytree(WEIGHTS_DIR, tmp_path / "w")
     card = json.loads((tmp_path / "w" / "worldserve.json").read_text())
-    del card["plugin"]["terrain"]
+    del card["plugin"]["terrain"], card["plugin"]["creatures"]
     if sink:
         card["transformer"].update(sink_frames=1, window_frames=8)
     if carry:
