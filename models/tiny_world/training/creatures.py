@@ -102,8 +102,9 @@ class CreatureData:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Chunk starts (episode e, frame t) -> terrain cells (B, k, g, g), creature layers
         (B, lags, 3, g, g) of frames t - lags + 1 .. t (`still`: the latest in every place), and
-        for each creature on frame t's canvas (M of them): its example row (M,), cell (M, 2) (x,
-        y) and cumulative move class into each of the next `horizon` frames (M, horizon, 2)."""
+        for each creature on frame t's canvas (M of them): its example row (M,) and its target
+        (M, 2 + 2 horizon): its cell (x, y), then its cumulative move class into each of the next
+        `horizon` frames, x then y."""
         s, g, m = self.spatial, self.cells.shape[-1], cfg.max_step
         latest = self.layer(e, t, t)
         layers = []
