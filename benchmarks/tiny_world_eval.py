@@ -366,8 +366,11 @@ def long_rollouts(engine: Engine, model_id: str, seeds: Sequence[int], n_frames:
         "creature_pixels_per_frame_by_64_frame_segment": {
             k: [round(float(v[:, i : i + 64].mean()), 2) for i in segs] for k, v in creatures.items()
         },
-        # Where the game shows a creature (at least a sixth of one in view), does the model?
+        # Where the game shows a creature (at least a sixth of one in view), does the model? It
+        # counts presence only: the shares of frames showing one say whether the model shows
+        # creatures as often as the game.
         "creatures_shown_where_game_shows": creature_presence(creatures["game"], creatures["model"]),
+        "frames_showing_a_creature": {k: float((v >= 6).mean()) for k, v in creatures.items()},
         "creatures_shown_where_game_shows_perfect_model": creature_presence(
             np.stack(game_px), np.stack(redrawn_px)
         ),
