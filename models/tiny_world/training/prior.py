@@ -2,9 +2,9 @@
 
 Each example is one tile of a map and what a session knows around it when that tile first comes
 into view (`known_mask`): the tiles behind the edge the view moves across, the rows that view
-spans, now and then a patch seen earlier, and, for the second of the two passes
-(`TerrainPrior.fill`), the new line's tiles of the first pass; a few known tiles are hidden (a
-creature or the player on them). Rotated and mirrored, that covers every direction of motion.
+spans, now and then a patch seen earlier, and the new line's tiles of the passes before the
+tile's own (`TerrainPrior.fill`); a few known tiles are hidden (a creature or the player on
+them). Rotated and mirrored, that covers every direction of motion.
 `PriorStage` is the trainer's `terrain` stage."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from models.game import GameConfig, generate_world
-from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig
+from models.tiny_world.terrain_prior import PASS_SPAN, RESIDUE_RANK, TerrainPrior, TerrainPriorConfig
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,11 @@ def known_mask(rng: np.random.Generator, window: int) -> np.ndarray:
     top = rng.integers(-9, 2)  # the rows the latest view spans: [top, top + 8] (the centre's or next to it)
     rows = (dy >= top) & (dy <= top + 8)
     known = (dx < 0) & rows
-    if rng.random() < 0.5:  # the second pass: the first pass' tiles of the new column
-        known |= (dx == 0) & (dy % 2 == 1) & rows
+    # The new column is drawn in passes along it (`pass_order`): the tile knows the ones drawn in
+    # the passes before its own.
+    residue = int(rng.integers(PASS_SPAN))
+    rank = np.asarray(RESIDUE_RANK)
+    known |= (dx == 0) & rows & (rank[(residue + dy) % PASS_SPAN] < rank[residue])
     if rng.random() < 0.3:  # a patch shown earlier, ahead of the view
         y0, x0 = rng.integers(-r, r + 1, size=2)
         h, w = rng.integers(1, window, size=2)

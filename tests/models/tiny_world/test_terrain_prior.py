@@ -1,6 +1,6 @@
 """The terrain prior (models/tiny_world/terrain_prior.py) and its training (models/tiny_world/terrain.py): it
 learns a map's local structure from the maps alone, draws only the tiles it is asked to, each a
-fixed function of the context and the tile's place, and the second pass sees the first."""
+fixed function of the context and the tile's place, and later passes see the earlier ones."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ import torch
 
 from models.game import GameConfig, generate_world
 from models.tiny_world import WEIGHTS_DIR
-from models.tiny_world.terrain_prior import TerrainPrior, TerrainPriorConfig, uniform
+from models.tiny_world.terrain_prior import (
+    PASS_SPAN,
+    TerrainPrior,
+    TerrainPriorConfig,
+    pass_order,
+    pass_sizes,
+    uniform,
+)
 from models.tiny_world.training.prior import (
     TerrainTrainConfig,
     class_maps,
@@ -107,19 +114,32 @@ def test_fill_draws_the_fresh_tiles_by_what_it_learned_and_leaves_the_rest(strip
     assert torch.equal(out[:, 3], torch.full((g,), int(maps[0, r + 3])))  # the stripes' rule
     assert torch.equal(out[~fresh], region[r : r + g, r : r + g][~fresh])  # nothing else drawn
     assert torch.equal(out, striped.fill(region, fresh, places))  # a fixed function
-    # A batch of sessions (leading axis, each its own salt) draws what each draws alone.
+    # A batch of sessions (leading axis, each its own salt and place) draws what each draws alone.
     other = torch.full_like(region, striped.cfg.unknown)
     salts = torch.tensor([5, 9])
+    there = places + torch.tensor([-3, 2])[:, None, None]  # another canvas corner: other passes
     both = striped.fill(
-        torch.stack([region, other]), torch.stack([fresh, fresh]), torch.stack([places] * 2), salts
+        torch.stack([region, other]), torch.stack([fresh, fresh]), torch.stack([places, there]), salts
     )
     assert torch.equal(both[0], striped.fill(region, fresh, places, salts[0]))
-    assert torch.equal(both[1], striped.fill(other, fresh, places, salts[1]))
+    assert torch.equal(both[1], striped.fill(other, fresh, there, salts[1]))
 
 
-def test_the_second_pass_sees_the_first(striped):
-    # Nothing known but the fresh tiles themselves: odd tiles are drawn next to the even ones,
-    # so a column comes out of one class where independent draws would mix them.
+def test_the_passes_go_coarse_to_fine_and_never_draw_neighbours_together():
+    ys, xs = torch.meshgrid(torch.arange(-9, 11), torch.arange(5, 25), indexing="ij")
+    order = pass_order(xs, ys)
+    assert (order[:, 1:] != order[:, :-1]).all() and (order[1:] != order[:-1]).all()
+    # Along a line: every fourth tile first, then the midpoints between them, then the rest.
+    line = pass_order(torch.arange(0, 8), torch.zeros(8, dtype=torch.long))
+    assert line.tolist() == [0, 2, 1, 3, 0, 2, 1, 3]
+    sizes = pass_sizes(3 * PASS_SPAN)
+    assert len(sizes) == 2 * PASS_SPAN - 1 and sum(sizes) == (3 * PASS_SPAN) ** 2
+    assert list(sizes) == torch.bincount(pass_order(xs[:12, :12], ys[:12, :12]).flatten()).tolist()
+
+
+def test_later_passes_see_the_earlier(striped):
+    # Nothing known but the fresh tiles themselves: later tiles are drawn next to the earlier
+    # ones, so a column comes out of one class where independent draws would mix them.
     g, r = 8, 3
     region = torch.full((g + 2 * r, g + 2 * r), striped.cfg.unknown)
     fresh = torch.zeros(g, g, dtype=torch.bool)
