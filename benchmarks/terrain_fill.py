@@ -26,8 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.game import GameConfig, Palette
+from models.game import GameConfig
 from models.registry import from_name
+from models.tiny_world.metrics import terrain_kind
 from models.tiny_world.terrain_prior import TerrainPrior
 from models.tiny_world.training.prior import class_maps
 
@@ -78,10 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{args.model} has no terrain prior", file=sys.stderr)
         return 2
     prior = prior.float().eval()
-    book = np.asarray(world.decoder.ae.cfg.codebook, dtype=np.int64)
-    shades = Palette().terrain().reshape(-1, 3).astype(np.int64)  # the game's, to name each kind
-    kinds = ((book[:, None] - shades) ** 2).sum(-1).argmin(-1) // 2
-    maps = class_maps(range(EVAL_SEED_BASE, EVAL_SEED_BASE + args.worlds), book.tolist(), GameConfig())
+    book = world.decoder.ae.cfg.codebook
+    kinds, _ = terrain_kind(np.asarray(book))  # each codebook class's kind, by the game's shades
+    maps = class_maps(range(EVAL_SEED_BASE, EVAL_SEED_BASE + args.worlds), book, GameConfig())
     columns = min(args.columns, maps.shape[-1] - CANVAS)
     t0 = time.perf_counter()
     figures: dict[str, list] = {"game": [], "served": [], "one_tile_at_a_time": []}

@@ -9,6 +9,7 @@
 * `sprite_count(frame)`: how many separate player-coloured blobs a frame shows;
 * `sharpness(frames)`: per-frame mean absolute horizontal gradient (blur lowers it);
 * `creature_pixels(frames)`: per-frame count of pixels in (or near) the creatures' colour;
+* `terrain_kind(colours)`: the terrain kind of each colour's nearest terrain shade;
 * `terrain_structure(frames)`: the share of each terrain kind and how often water meets grass
   without a shore (the game rings its lakes with sand);
 * `free_worlds(n, frames, first_seed)`: game worlds where held keys scroll the view freely;
@@ -164,19 +165,24 @@ def sharpness(frames: np.ndarray) -> np.ndarray:
     return np.abs(np.diff(f, axis=2)).mean(axis=(1, 2, 3))
 
 
+def terrain_kind(colours: np.ndarray, palette: Palette | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """RGB colours (..., 3) -> the terrain kind (a `Tile`) of each one's nearest terrain shade of
+    the palette (..., ) and its squared distance to that shade (..., )."""
+    shades = (palette or Palette()).terrain().reshape(-1, 3).astype(np.float32)  # kind = index // 2
+    dist = ((colours.astype(np.float32)[..., None, :] - shades) ** 2).sum(-1)
+    return dist.argmin(-1) // 2, dist.min(-1)
+
+
 def terrain_structure(frames: np.ndarray, palette: Palette | None = None) -> dict[str, float]:
     """Frames (N, H, W, 3) -> the share of their pixels of each terrain kind (the nearest of the
     palette's colours, within 30 levels; sprites and blends count for none), and of the pixel
     pairs one tile apart across a kind boundary that touch water, the share where grass meets the
     water without sand between (the game's lakes have shores: a few percent)."""
-    shades = (palette or Palette()).terrain().reshape(-1, 3).astype(np.float32)  # kind = index // 2
     kinds = np.zeros(len(Tile))
     water = grass = 0
     for i in range(0, len(frames), 64):  # 64 frames at a time: the distances take 8 floats a pixel
-        f = frames[i : i + 64].astype(np.float32)
-        dist = ((f[..., None, :] - shades) ** 2).sum(-1)  # (n, H, W, 8)
-        kind = dist.argmin(-1) // 2
-        kind[dist.min(-1) > 30.0**2] = -1
+        kind, dist = terrain_kind(frames[i : i + 64], palette)
+        kind[dist > 30.0**2] = -1
         kinds += np.bincount(kind[kind >= 0], minlength=len(Tile))
         a, b = kind[..., :, :-8], kind[..., :, 8:]  # one tile apart horizontally
         edge = (a >= 0) & (b >= 0) & ((a == Tile.WATER) != (b == Tile.WATER))
