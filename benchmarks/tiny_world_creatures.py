@@ -3,13 +3,15 @@
     python benchmarks/tiny_world_creatures.py [--model tiny-world|DIR] [--worlds 16] [--frames 512]
                                               [--tag TAG] [--threads 1]
 
-Plays the random policy on held-out worlds (the eval's long-rollout seeds and those after them)
-through the Engine and prints and saves benchmarks/results/tiny_world_creatures[_TAG].json:
-creature pixels a frame by 64-frame segment (model, game), the share of frames in which each
-shows a creature (at least a sixth of one in view), and the eval's figure, the share of the
-frames where the game shows one in which the model does too (`creature_presence`). The eval's
-figure counts presence only: a model that shows creatures more often than the game scores
-higher, so the two shares say whether the model's creatures are as many as the game's.
+The eval's creature rollouts (`tiny_world_eval.creature_rollouts`, 48 worlds of 512 frames there)
+on their own, for other counts and lengths: the random policy on held-out worlds (the eval's
+long-rollout seeds and those after them) through the Engine. Prints and saves
+benchmarks/results/tiny_world_creatures[_TAG].json: creature pixels a frame by 64-frame segment
+(model, game), the share of frames in which each shows a creature (at least a sixth of one in
+view), and the eval's figure, the share of the frames where the game shows one in which the
+model does too (`creature_presence`). The eval's figure counts presence only: a model that
+shows creatures more often than the game scores higher, so the two shares say whether the
+model's creatures are as many as the game's.
 """
 
 from __future__ import annotations
@@ -20,18 +22,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.tiny_world_eval import EVAL_SEED_BASE, batched, creature_presence
-from models.game import random_policy, simulate
+from benchmarks.tiny_world_eval import creature_rollouts
 from models.registry import from_name
-from models.tiny_world.metrics import creature_pixels
 from runtime.engine import Engine
-
-LEAST = 6  # creature pixels that count as a creature shown (the eval's)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,28 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_flush_denormal(True)
     world = from_name(args.model)
     engine = Engine({"m": world}, max_batch=8, max_streams=16)
-    seeds = [EVAL_SEED_BASE + 20000 + i for i in range(args.worlds)]  # the eval's long rollouts first
-    scripts = [random_policy(s, args.frames) for s in seeds]
-    frames, _ = batched(engine, "m", seeds, scripts, 8)
-    game = np.stack([creature_pixels(simulate(s, a).frames) for s, a in zip(seeds, scripts, strict=True)])
-    model = np.stack([creature_pixels(f) for f in frames])
-    segs = range(0, args.frames + 1, 64)
-    result = {
-        "model": args.model,
-        "worlds": args.worlds,
-        "frames": args.frames,
-        "seeds": seeds,
-        "creature_pixels_per_frame": {"game": float(game.mean()), "model": float(model.mean())},
-        "creature_pixels_by_64_frame_segment": {
-            "game": [round(float(game[:, i : i + 64].mean()), 2) for i in segs],
-            "model": [round(float(model[:, i : i + 64].mean()), 2) for i in segs],
-        },
-        "frames_showing_a_creature": {
-            "game": float((game >= LEAST).mean()),
-            "model": float((model >= LEAST).mean()),
-        },
-        "creatures_shown_where_game_shows": creature_presence(game, model, LEAST),
-    }
+    result = {"model": args.model} | creature_rollouts(engine, "m", args.worlds, args.frames, 8)
     print(json.dumps(result, indent=2))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"tiny_world_creatures{'_' + args.tag if args.tag else ''}.json"

@@ -17,6 +17,15 @@ frame are left to the DiT (its history holds them, and a creature may walk over 
 named by the autoencoder's codebook (`FastAEConfig.codebook`, fit on training frames); the atlas
 knows no world size and no wall colour: where the world ends is the models' to draw.
 
+Creatures (issue 41; worlds whose autoencoder has a creature layer): the atlas also remembers,
+for every tile a session's canvas has held, where a creature's square started in it when the
+canvas last held it, or that none did (`file_creatures`). The canvas forgets a creature whose
+tile scrolls off it; when that tile comes back onto the canvas, `remembered` returns the creature
+for the chunk to draw there (the creature head walks it on from the next chunk). Addressed, like
+the terrain, by the motion head's predicted pose; nothing of the game is written here, and a
+remembered creature stands where it was last seen. One that walks off the canvas is not filed
+(the creature head's entries stand for those that come back).
+
 Bounded: `tiles` x `tiles` slots; the tile at (x, y) (in tiles from the start frame's anchor)
 lives in slot (y mod tiles, x mod tiles), tagged with (x, y), and a newer tile overwrites an older
 one in its slot, so the atlas holds at least the `tiles` x `tiles` tiles around the latest view
@@ -26,12 +35,12 @@ commit installs (`Transaction.commit`), so a fork shares it and a rolled-back ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
 
-from models.tiny_world.fast_decoder import FastAutoencoder
+from models.tiny_world.fast_decoder import FastAutoencoder, read_creatures
 from models.tiny_world.terrain_prior import TerrainPrior
 
 EMPTY = -(2**62)  # the tag of a slot that holds nothing
@@ -45,6 +54,11 @@ class Atlas:
     tags: torch.Tensor  # (2, N, N) long: the tile (x, y) in each slot, EMPTY where none
     origin: torch.Tensor  # (2,) long: the tile (x, y) under canvas cell (0, 0) of the latest frame
     salt: torch.Tensor  # () long: a hash of the start frame, which picks the terrain prior's draws
+    # Creature memory (M = N with a creature layer, else 0): the tile (x, y) each slot last held
+    # on a canvas (EMPTY where none), and the pixel of it where a creature's square started then
+    # (y * spatial + x; -1: none).
+    creature_tags: torch.Tensor  # (2, M, M) long
+    creature_at: torch.Tensor  # (M, M) int8
 
     @classmethod
     def stack(cls, atlases: list[Atlas]) -> Atlas:
@@ -55,7 +69,7 @@ class Atlas:
     @property
     def nbytes(self) -> int:
         """Bytes the version holds."""
-        return sum(t.numel() * t.element_size() for t in (self.cells, self.tags, self.origin, self.salt))
+        return sum(getattr(self, f.name).numel() * getattr(self, f.name).element_size() for f in fields(self))
 
 
 def fingerprint(z: torch.Tensor) -> torch.Tensor:
@@ -80,6 +94,7 @@ class Cartographer:
         self.ae, self.tiles = ae, tiles
         self.k, self.s, self.g, self.size = cfg.cell_channels, cfg.spatial, cfg.canvas_cells, cfg.frame_size
         self.prior: TerrainPrior | None = None
+        self.memory = tiles if cfg.creatures else 0  # creature memory slots per side
 
     def set_prior(self, prior: TerrainPrior) -> None:
         """Draw the tiles that come into view for the first time from `prior` (`invent`)."""
@@ -90,7 +105,7 @@ class Cartographer:
 
     def nbytes(self, itemsize: int) -> int:
         """Bytes of one atlas version whose cell latents take `itemsize` bytes each (`Atlas.nbytes`)."""
-        return self.k * self.tiles**2 * itemsize + (2 * self.tiles**2 + 2 + 1) * 8
+        return self.k * self.tiles**2 * itemsize + (2 * self.tiles**2 + 2 + 1) * 8 + 17 * self.memory**2
 
     @property
     def mean(self) -> torch.Tensor:
@@ -122,8 +137,18 @@ class Cartographer:
             tags=torch.full((2, n, n), EMPTY, dtype=torch.long, device=z.device),
             origin=torch.zeros(2, dtype=torch.long, device=z.device),
             salt=fingerprint(z),
+            **self.no_creatures(z.device),
         )
-        return self.write(empty, torch.zeros_like(empty.origin), z)
+        return self.write(self.file_creatures(empty, z), torch.zeros_like(empty.origin), z)
+
+    def no_creatures(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """An empty creature memory: `Atlas`'s creature fields (also what a snapshot written
+        before the memory existed loads with)."""
+        m = self.memory
+        return {
+            "creature_tags": torch.full((2, m, m), EMPTY, dtype=torch.long, device=device),
+            "creature_at": torch.full((m, m), -1, dtype=torch.int8, device=device),
+        }
 
     @torch.no_grad()
     def write(self, atlas: Atlas, moved: torch.Tensor, z: torch.Tensor) -> Atlas:
@@ -140,7 +165,44 @@ class Cartographer:
         # A frame's g x g tiles fall in distinct slots (tiles >= g), so one indexed write suffices.
         cells[:, sy, sx] = torch.where(keep, frame[0, : self.k].to(cells.dtype), cells[:, sy, sx])
         tags[:, sy, sx] = torch.where(keep, tiles, tags[:, sy, sx])
-        return Atlas(cells, tags, origin, atlas.salt)
+        return replace(atlas, cells=cells, tags=tags, origin=origin)
+
+    @torch.no_grad()
+    def file_creatures(self, atlas: Atlas, z: torch.Tensor) -> Atlas:
+        """The atlas with its creature memory refiled from a frame `z` (C, 1, h, w) on the canvas
+        of `atlas.origin` (a chunk's last frame before `canonical` moves it; `write` moves the
+        origin after): every cell of that canvas as `z` has it. Cells a later move brings onto
+        the canvas keep what is filed (`remembered`). Without a creature layer, `atlas` as it is."""
+        if not self.memory:
+            return atlas
+        cs, s = self.ae.cfg.creature_slice, self.s
+        tiles, sy, sx = self.slots(atlas.origin)
+        raw = z[cs, 0][None].to(self.std.dtype) * self.std[cs] + self.mean[cs]
+        present, offsets = read_creatures(raw, s)
+        tags, at = atlas.creature_tags.clone(), atlas.creature_at.clone()
+        # A canvas's g x g tiles fall in distinct slots (tiles >= g): one indexed write each.
+        tags[:, sy, sx] = tiles
+        at[sy, sx] = torch.where(present[0], offsets[0, 1] * s + offsets[0, 0], -1).to(at.dtype)
+        return replace(atlas, creature_tags=tags, creature_at=at)
+
+    @torch.no_grad()
+    def remembered(self, atlas: Atlas, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The creatures a batch of sessions' atlases (`Atlas.stack`) bring back onto the canvases
+        of their latest frames `last` (B, C, 1, h, w): where a remembered creature's square starts
+        in a tile of the canvas and the latest frame shows no creature in that cell or the eight
+        around it (one that walked there is the same creature) -> (B, g, g) bool and (B, 2, g, g)
+        long, at which pixel (as `CreatureHead.born`)."""
+        s = self.s
+        tiles, sy, sx = self.slots(atlas.origin)
+        same = (self.gather(atlas.creature_tags, sy, sx) == tiles).all(dim=1)  # (B, g, g)
+        at = self.gather(atlas.creature_at[:, None], sy, sx)[:, 0].long()
+        cs = self.ae.cfg.creature_slice
+        raw = last[:, cs, 0].to(self.std.dtype) * self.std[cs] + self.mean[cs]
+        shown, _ = read_creatures(raw, s)
+        near = F.max_pool2d(shown[:, None].to(self.std.dtype), 3, stride=1, padding=1)[:, 0] > 0
+        met = same & (at >= 0) & ~near
+        where = at.clamp(min=0)
+        return met, torch.stack([where % s, torch.div(where, s, rounding_mode="floor")], dim=1)
 
     def corner(self, z: torch.Tensor) -> torch.Tensor:
         """(..., 2) px: the top-left corner of the view of each latent frame z (..., C, 1, h, w)

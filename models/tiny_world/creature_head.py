@@ -20,7 +20,8 @@ the recorded episodes, as a small supervised network beside the motion head:
   creature's square that was off the canvas at a chunk's start starts there at its end (they
   walk in across its outer cells, which no view shows). A session draws them every chunk, so
   creatures keep coming into a view that stands still or walks where it has been; one that walks
-  off the canvas is gone.
+  off the canvas is gone (one whose tile scrolls off it the session's atlas remembers:
+  `Cartographer.file_creatures`).
 
 The plug-in (`models.tiny_world.plugin`) writes the result into the creature channels of every
 clean estimate, as it writes the motion head's plan. Nothing of the game is written here: speed,

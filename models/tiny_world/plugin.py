@@ -17,8 +17,9 @@ learned networks or generic machinery (no rule of the game it was trained on):
   hand-written game rules, fails to load);
 * a creature head (`CreatureHead`, with a motion head, a terrain prior and a creature layer):
   from the latest frames' creature layers and terrain it walks every creature through the chunk,
-  meets new ones in the tiles the terrain prior draws and lets others walk onto the canvas; the
-  result is written into the creature channels of every clean estimate (`Pins`).
+  meets new ones in the tiles the terrain prior draws and lets others walk onto the canvas, and
+  the atlas gives back the creatures it remembers where their tiles come back onto the canvas;
+  the result is written into the creature channels of every clean estimate (`Pins`).
 
 A session's state (`TinyState`) is its latest latent frame, the creature layers of the frames
 before it (with a creature head) and its atlas. worldserve.json keeps the settings in one block,
@@ -324,7 +325,10 @@ class TinyWorldPlugin(WorldPlugin):
         salts[ids] = batch.salt
         places = torch.zeros(b, 2, *hw, dtype=torch.long, device=self.device)
         places[ids] = carto.slots(batch.origin)[0]
-        return out, replace(pins, **self.walk(states, rows, n, drawn, places, salts))
+        back = torch.zeros(b, *hw, dtype=torch.bool, device=self.device)
+        back_at = torch.zeros(b, 2, *hw, dtype=torch.long, device=self.device)
+        back[ids], back_at[ids] = carto.remembered(batch, lasts)
+        return out, replace(pins, **self.walk(states, rows, n, drawn, places, salts, (back, back_at)))
 
     @torch.no_grad()
     def walk(
@@ -335,10 +339,12 @@ class TinyWorldPlugin(WorldPlugin):
         drawn: torch.Tensor,
         places: torch.Tensor,
         salts: torch.Tensor,
+        back: tuple[torch.Tensor, torch.Tensor],
     ) -> dict[str, Any]:
         """`Pins` fields with the creature channels (B, 3, n, h, w) of a chunk of `n` frames:
         entry i's creatures (i in `rows`) walked on by the creature head from its latest frames
-        (`CreatureHead.walk`), and in every frame those it meets in the tiles drawn this chunk
+        (`CreatureHead.walk`), and in every frame those its atlas brings back onto the canvas
+        (`back`: `Cartographer.remembered`), those it meets in the tiles drawn this chunk
         (`drawn`, with their `places` and the sessions' `salts`: `CreatureHead.born`) and those
         that walk onto its canvas (`CreatureHead.enter`, drawn by a hash of its latest frame)."""
         assert self.creatures is not None and self.creature_norm is not None
@@ -350,7 +356,8 @@ class TinyWorldPlugin(WorldPlugin):
         layers = clean_layers(recent * std + mean, s)
         present, offsets = head.walk(lasts[:, : head.cfg.cell_channels, 0], layers, n)
         hashes = torch.stack([fingerprint(states[i].last) for i in rows]).to(self.device)  # type: ignore[union-attr]
-        for met, where in (head.born(drawn[rows], places[rows], salts[rows]), head.enter(hashes)):
+        remembered = (back[0][rows], back[1][rows])
+        for met, where in (remembered, head.born(drawn[rows], places[rows], salts[rows]), head.enter(hashes)):
             new = met[:, None] & ~present
             present = present | new
             offsets = torch.where(new[:, :, None], where[:, None], offsets)
@@ -376,7 +383,8 @@ class TinyWorldPlugin(WorldPlugin):
         entries: Sequence[int],
     ) -> dict[int, TinyState]:
         """Entry i's latest frame of `shown` and, where sessions remember, its atlas with that
-        frame written where `raw`'s anchor moved (`Cartographer.moves`, `Cartographer.write`)."""
+        frame written where `raw`'s anchor moved (`Cartographer.moves`, `Cartographer.write`) and
+        the creatures of `raw`'s last frame filed (`Cartographer.file_creatures`)."""
         if not self.keeps_last:
             return {}
         carto = self.cartographer if self.remembers else None
@@ -388,7 +396,12 @@ class TinyWorldPlugin(WorldPlugin):
             atlas = None
             if carto is not None and moved is not None:
                 old = states[i].atlas if i < len(states) and states[i] is not None else None  # type: ignore[union-attr]
-                atlas = carto.start(tails[i]) if old is None else carto.write(old, moved[i], tails[i])
+                if old is None:
+                    atlas = carto.start(tails[i])
+                else:
+                    # Creatures are filed on the canvas the chunk was drawn on, before `canonical`
+                    # moves it and drops the cells that fall off.
+                    atlas = carto.write(carto.file_creatures(old, raw[i, :, -1:]), moved[i], tails[i])
             out[i] = TinyState(tails[i], atlas, None if trails is None else trails[i])
         return out
 
@@ -414,10 +427,18 @@ class TinyWorldPlugin(WorldPlugin):
         if meta.get("atlas"):
             if not self.remembers:
                 raise ValueError("plug-in state has an atlas; this world keeps none")
-            missing = [f.name for f in fields(Atlas) if f"atlas.{f.name}" not in tensors]
+            assert self.cartographer is not None
+            # A snapshot from before the creature memory loads with an empty one.
+            parts = {
+                f"atlas.{k}": v for k, v in self.cartographer.no_creatures(self.device).items()
+            } | tensors
+            missing = [f.name for f in fields(Atlas) if f"atlas.{f.name}" not in parts]
             if missing:
                 raise ValueError(f"plug-in state: atlas fields {missing} are missing")
-            atlas = Atlas(**{f.name: tensors[f"atlas.{f.name}"].to(self.device) for f in fields(Atlas)})
+            atlas = Atlas(**{f.name: parts[f"atlas.{f.name}"].to(self.device) for f in fields(Atlas)})
+            if atlas.creature_at.shape != (self.cartographer.memory,) * 2:
+                got = tuple(atlas.creature_at.shape)
+                raise ValueError(f"plug-in state: creature memory {got} does not fit this world's atlas")
         trail = tensors.get("trail")
         if trail is not None:
             if self.creatures is None:

@@ -1,6 +1,7 @@
 """The atlas (models/tiny_world/atlas.py) on the shipped tiny world's autoencoder: it keeps the flat tiles a
 frame shows wholly, at their place on the grid, and gives them back, as the encoder writes them,
-when a view shows them again, drawn as the game draws those tiles there."""
+when a view shows them again, drawn as the game draws those tiles there; and it remembers the
+creatures whose tiles scroll off the canvas."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from models.game import simulate
 from models.registry import from_name
 from models.tiny_world.atlas import EMPTY, Atlas, Cartographer
+from models.tiny_world.fast_decoder import FastAutoencoder, creature_channels
 from models.tiny_world.metrics import free_worlds
 
 
@@ -51,7 +53,8 @@ def test_a_start_frame_keeps_its_flat_tiles_wholly_in_view(world, carto):
     tiles, sy, sx = carto.slots(atlas.origin)
     assert torch.equal(atlas.tags[:, sy, sx][:, keep], tiles[:, keep])
     assert torch.equal(atlas.cells[:, sy, sx][:, keep], z[:k, 0][:, keep])
-    assert atlas.nbytes == (k * 64 * 64) * 4 + 2 * 64 * 64 * 8 + 2 * 8 + 8
+    memory = 2 * 64 * 64 * 8 + 64 * 64  # creature memory: tags and where, one byte
+    assert atlas.nbytes == (k * 64 * 64) * 4 + 2 * 64 * 64 * 8 + 2 * 8 + 8 + memory
     assert carto.nbytes(4) == atlas.nbytes
 
 
@@ -154,3 +157,67 @@ def test_sessions_recall_together_as_each_would_alone(world):
     for i, (v, m) in enumerate(alone):
         assert torch.equal(mask[i], m) and m.any()
         assert torch.allclose(values[i][m.expand_as(v)], v[m.expand_as(v)], atol=1e-5)
+
+
+# The creature memory: a creature that scrolls off the canvas is remembered at its tile and comes
+# back with it, unless the latest frame already shows a creature beside that cell.
+
+OFFSET = (2, 5)  # (x, y) px of the remembered creature's square in its tile
+
+
+def with_creatures(world, z: torch.Tensor, cells: list[tuple[int, int]]) -> torch.Tensor:
+    """The latent frame z (C, 1, h, w) with its creature layer replaced: one creature's square
+    starting at `OFFSET` in each canvas cell (x, y) of `cells`, none elsewhere."""
+    ae = world.decoder.ae
+    g, s, cs = ae.cfg.canvas_cells, ae.cfg.spatial, ae.cfg.creature_slice
+    present = torch.zeros(1, g, g, dtype=torch.bool)
+    offsets = torch.zeros(1, 2, g, g, dtype=torch.long)
+    for x, y in cells:
+        present[0, y, x] = True
+        offsets[0, :, y, x] = torch.tensor(OFFSET)
+    raw = creature_channels(present, offsets, s)[0]
+    out = z.clone()
+    out[cs, 0] = (raw - ae.latents_mean[cs, 0]) / ae.latents_std[cs, 0]
+    return out
+
+
+def remembered(carto: Cartographer, atlas: Atlas, z: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    """(cell x, cell y, px x, px y) of each creature `Cartographer.remembered` brings back."""
+    met, where = carto.remembered(Atlas.stack([atlas]), z[None])
+    return [(int(x), int(y), *where[0, :, y, x].tolist()) for y, x in met[0].nonzero().tolist()]
+
+
+def chunk(
+    carto: Cartographer, atlas: Atlas, before: torch.Tensor, moved: tuple[int, int], after: torch.Tensor
+) -> Atlas:
+    """The atlas after a chunk whose last frame is `before` on the old anchor, `after` on the new
+    (as `TinyWorldPlugin.advance` files it)."""
+    return carto.write(carto.file_creatures(atlas, before), torch.tensor(moved), after)
+
+
+def test_a_creature_that_scrolls_off_the_canvas_comes_back_with_its_tile(world, carto):
+    z = world.decoder.encode(simulate(1_050_000, []).frames[0][None])
+    # The start frame shows a creature in canvas cell (3, 5); the anchor then moves a tile right a
+    # chunk and the creature stands, so it lies one cell further left on each canvas.
+    atlas = carto.start(with_creatures(world, z, [(3, 5)]))
+    for cell in (3, 2, 1, 0):
+        after = with_creatures(world, z, [(cell - 1, 5)] if cell else [])
+        atlas = chunk(carto, atlas, with_creatures(world, z, [(cell, 5)]), (1, 0), after)
+        assert remembered(carto, atlas, after) == []
+    # Back one tile: its tile enters the canvas's left column, where the frame shows none.
+    none = with_creatures(world, z, [])
+    back = chunk(carto, atlas, none, (-1, 0), none)
+    assert remembered(carto, back, none) == [(0, 5, *OFFSET)]
+    # A creature the latest frame shows beside that cell is the same one: nothing comes back.
+    assert remembered(carto, back, with_creatures(world, z, [(1, 6)])) == []
+    # Refiled once its tile has been on the canvas for a chunk: gone if the frame shows none there.
+    assert remembered(carto, chunk(carto, back, none, (0, 0), none), none) == []
+
+
+def test_a_world_without_a_creature_layer_keeps_no_creature_memory(world):
+    ae = FastAutoencoder(replace(world.decoder.ae.cfg, creatures=False))
+    plain = Cartographer(ae, 64)
+    z = torch.zeros(ae.cfg.latent_channels, 1, 12, 12)  # no creature channels
+    atlas = plain.write(plain.start(z), torch.tensor([1, 0]), z)
+    assert atlas.creature_at.numel() == 0 and atlas.creature_tags.numel() == 0
+    assert plain.nbytes(4) == atlas.nbytes

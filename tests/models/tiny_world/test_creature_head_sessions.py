@@ -1,6 +1,7 @@
 """A world's creature head in the chunk loop (the shipped tiny world's autoencoder, DiT and heads,
 with a creature head whose walk is fixed): committed chunks hold the creatures where the head
-walked them, sessions keep the trail it reads, and a snapshot of the state round-trips."""
+walked them, sessions keep the trail it reads, a snapshot of the state round-trips, and a creature
+the view leaves behind is there when it comes back (the atlas's creature memory)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,15 @@ def test_a_session_state_with_its_trail_round_trips_and_an_older_one_loads(world
     assert older.trail is None and plugin.state_trail(older).shape == state.trail.shape
     with pytest.raises(ValueError, match="creature trail"):
         plugin.state_from_tensors({**tensors, "trail": state.trail[:, :1]}, meta)
+    # The atlas's creature memory round-trips; a snapshot from before it loads with an empty one.
+    assert torch.equal(back.atlas.creature_at, state.atlas.creature_at)
+    assert torch.equal(back.atlas.creature_tags, state.atlas.creature_tags)
+    before = plugin.state_from_tensors({k: v for k, v in tensors.items() if "creature_" not in k}, meta)
+    assert int((before.atlas.creature_at >= 0).sum()) == 0 and torch.equal(
+        before.atlas.cells, state.atlas.cells
+    )
+    with pytest.raises(ValueError, match="creature memory"):
+        plugin.state_from_tensors({**tensors, "atlas.creature_at": state.atlas.creature_at[:8, :8]}, meta)
 
 
 def test_a_creature_head_is_refused_without_a_creature_layer_or_a_motion_head(world):
@@ -96,3 +106,26 @@ def test_a_creature_head_is_refused_without_a_creature_layer_or_a_motion_head(wo
     finally:
         plugin.motion = motion
         plugin.bind(world)
+
+
+def test_a_creature_the_view_leaves_behind_is_there_when_it_comes_back():
+    # Creatures stand (the head moves none, meets none, lets none walk in): only the atlas's
+    # creature memory can bring one back once its tile has scrolled off the canvas.
+    world = walking_world(0)
+    engine = Engine({"m": world})
+    engine.add_stream("s", "m", Conditioning(seed=SEED))
+
+    def placed() -> list[tuple[int, int]]:
+        """The session's creatures at their pixel on its tile grid (canvas px + its anchor)."""
+        state = engine.runner.streams["s"].state.plugin_state
+        ox, oy = (8 * state.atlas.origin).tolist()
+        return [(x + ox, y + oy) for x, y in creatures(world, state.last[:, 0])]
+
+    start = placed()
+    assert len(start) == 1
+    for _ in range(14):  # the view walks right until the creature's tile is off the canvas
+        committed(engine, "s", keys("d"))
+    assert placed() == []
+    for _ in range(4):  # and back until it is on again
+        committed(engine, "s", keys("a"))
+    assert placed() == start
