@@ -26,21 +26,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.tiny_world_eval import EVAL_SEED_BASE
 from models.game import GameConfig
 from models.registry import from_name
 from models.tiny_world.metrics import terrain_kind
 from models.tiny_world.terrain_prior import TerrainPrior
 from models.tiny_world.training.prior import class_maps
 
-EVAL_SEED_BASE = 1_000_000  # held-out worlds (the prior trains on seeds from 0)
-CANVAS = 12  # tiles across the canvas a session's atlas fills (the shipped autoencoder's)
 
-
-def scroll(prior: TerrainPrior, game: np.ndarray, columns: int, salt: int, serial: bool) -> np.ndarray:
-    """Start a canvas on the left of `game`'s middle rows, move it right `columns` tiles, drawing
-    each new column from `prior` (all of it in one `fill`, or tile by tile if `serial`); returns
-    the drawn (CANVAS, columns) classes."""
-    g, r, unknown = CANVAS, prior.cfg.window // 2, prior.cfg.unknown
+def scroll(
+    prior: TerrainPrior, game: np.ndarray, g: int, columns: int, salt: int, serial: bool
+) -> np.ndarray:
+    """Start a g x g canvas on the left of `game`'s middle rows, move it right `columns` tiles,
+    drawing each new column from `prior` (all of it in one `fill`, or tile by tile if `serial`);
+    returns the drawn (g, columns) classes."""
+    r, unknown = prior.cfg.window // 2, prior.cfg.unknown
     top = (game.shape[0] - g) // 2
     known = np.full((g + 2 * r, g + columns + 2 * r), unknown, dtype=np.int64)
     known[r : r + g, r : r + g] = game[top : top + g, :g]
@@ -79,21 +79,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{args.model} has no terrain prior", file=sys.stderr)
         return 2
     prior = prior.float().eval()
-    book = world.decoder.ae.cfg.codebook
+    book, canvas = world.decoder.ae.cfg.codebook, world.decoder.ae.cfg.canvas_cells
     kinds, _ = terrain_kind(np.asarray(book))  # each codebook class's kind, by the game's shades
     maps = class_maps(range(EVAL_SEED_BASE, EVAL_SEED_BASE + args.worlds), book, GameConfig())
-    columns = min(args.columns, maps.shape[-1] - CANVAS)
+    columns = min(args.columns, maps.shape[-1] - canvas)
     t0 = time.perf_counter()
     figures: dict[str, list] = {"game": [], "served": [], "one_tile_at_a_time": []}
     shares: dict[str, list] = {k: [] for k in figures}
     for i, m in enumerate(maps):
         for turn in range(4):
             game = np.rot90(m, turn)
-            top = (game.shape[0] - CANVAS) // 2
+            top = (game.shape[0] - canvas) // 2
             strips = {
-                "game": game[top : top + CANVAS, CANVAS : CANVAS + columns],
-                "served": scroll(prior, game, columns, salt=4 * i + turn, serial=False),
-                "one_tile_at_a_time": scroll(prior, game, columns, salt=4 * i + turn, serial=True),
+                "game": game[top : top + canvas, canvas : canvas + columns],
+                "served": scroll(prior, game, canvas, columns, salt=4 * i + turn, serial=False),
+                "one_tile_at_a_time": scroll(prior, game, canvas, columns, salt=4 * i + turn, serial=True),
             }
             for name, strip in strips.items():
                 figures[name].append(boundaries(strip, kinds))
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model": args.model,
         "worlds": args.worlds,
         "columns": columns,
-        "canvas": CANVAS,
+        "canvas": canvas,
         "kind_boundaries_along_new_lines": {k: round(float(v[0]), 4) for k, v in mean.items()},
         "kind_boundaries_across_new_lines": {k: round(float(v[1]), 4) for k, v in mean.items()},
         "kind_shares_grass_sand_water_wall": {k: np.mean(v, 0).round(4).tolist() for k, v in shares.items()},

@@ -97,6 +97,7 @@ from runtime.engine import Engine
 from runtime.requests import ChunkCommitted, ChunkRequest
 
 EVAL_SEED_BASE = 1_000_000  # held-out worlds: the trainer uses seeds 0 .. episodes - 1
+LONG_SEED_BASE = EVAL_SEED_BASE + 20000  # the long rollouts' worlds, then the creature rollouts'
 UNSEEN_SEED_BASE = 7_000_000  # worlds that fill in what the first frame does not show
 HORIZONS = {"1-8": (1, 8), "9-32": (9, 32), "33-64": (33, 64), "1-32": (1, 32)}
 WAYS = (("d", "a"), ("a", "d"), ("s", "w"), ("w", "s"))  # away-and-back walks, one per direction
@@ -372,7 +373,7 @@ def long_rollouts(engine: Engine, model_id: str, seeds: Sequence[int], n_frames:
         # counts presence only: the shares of frames showing one say whether the model shows
         # creatures as often as the game.
         "creatures_shown_where_game_shows": creature_presence(creatures["game"], creatures["model"]),
-        "frames_showing_a_creature": {k: float((v >= 6).mean()) for k, v in creatures.items()},
+        "frames_showing_a_creature": {k: float((v >= CREATURE_LEAST).mean()) for k, v in creatures.items()},
         "creatures_shown_where_game_shows_perfect_model": creature_presence(
             np.stack(game_px), np.stack(redrawn_px)
         ),
@@ -430,7 +431,7 @@ def creature_rollouts(engine: Engine, model_id: str, worlds: int, n_frames: int,
     game), the share of frames in which each shows a creature (at least `CREATURE_LEAST` pixels),
     and the share of the frames where the game shows one in which the model does too
     (`creature_presence`). Few worlds say little: creatures come in runs and a world has few."""
-    seeds = [EVAL_SEED_BASE + 20000 + i for i in range(worlds)]
+    seeds = [LONG_SEED_BASE + i for i in range(worlds)]
     scripts = [random_policy(s, n_frames) for s in seeds]
     frames, _ = batched(engine, model_id, seeds, scripts, batch)
     game = np.stack([creature_pixels(simulate(s, a).frames) for s, a in zip(seeds, scripts, strict=True)])
@@ -449,7 +450,7 @@ def creature_rollouts(engine: Engine, model_id: str, worlds: int, n_frames: int,
             "game": float((game >= CREATURE_LEAST).mean()),
             "model": float((model >= CREATURE_LEAST).mean()),
         },
-        "creatures_shown_where_game_shows": creature_presence(game, model, CREATURE_LEAST),
+        "creatures_shown_where_game_shows": creature_presence(game, model),
     }
 
 
@@ -740,7 +741,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     print("away and back", {"".join(w): round(v["psnr_frame64_vs_own_frame0"], 2) for w, v in ways.items()})
     if args.long_frames:
-        long_seeds = [EVAL_SEED_BASE + 20000 + i for i in range(args.long_seeds)]
+        long_seeds = [LONG_SEED_BASE + i for i in range(args.long_seeds)]
         results["long_rollout"] = long_rollouts(engine, mid, long_seeds, args.long_frames, args.batch)
         print("long", {k: v for k, v in results["long_rollout"].items() if "range" not in k})
     if args.creature_worlds:

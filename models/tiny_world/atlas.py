@@ -105,7 +105,8 @@ class Cartographer:
 
     def nbytes(self, itemsize: int) -> int:
         """Bytes of one atlas version whose cell latents take `itemsize` bytes each (`Atlas.nbytes`)."""
-        return self.k * self.tiles**2 * itemsize + (2 * self.tiles**2 + 2 + 1) * 8 + 17 * self.memory**2
+        creatures = (2 * 8 + 1) * self.memory**2  # two long tags and one int8 pixel a slot
+        return self.k * self.tiles**2 * itemsize + (2 * self.tiles**2 + 2 + 1) * 8 + creatures
 
     @property
     def mean(self) -> torch.Tensor:
