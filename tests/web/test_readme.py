@@ -70,7 +70,7 @@ def test_every_benchmark_file_the_docs_name_exists() -> None:
     cited = {
         (doc.name, name)
         for doc in docs
-        for name in re.findall(r"benchmarks/(?:results/)?[\w.-]+\.(?:py|json|png|mp4)", doc.read_text())
+        for name in re.findall(r"benchmarks/(?:results/)?[\w.-]+\.(?:py|jsonl?|png|mp4)", doc.read_text())
     }
     assert len(cited) > 20
     missing = sorted((doc, name) for doc, name in cited if not (ROOT / name).is_file())
